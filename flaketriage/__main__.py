@@ -1,0 +1,5 @@
+"""``python -m flaketriage``."""
+
+from flaketriage.cli import main
+
+main()

@@ -1,0 +1,361 @@
+"""Secret redaction: masks credentials in the captured environment, command line and output.
+
+A value is secret when its variable or option *name* says so (``GITHUB_TOKEN``, ``--password``), when
+it has the shape of a known credential (``ghp_...``, ``AKIA...``, a PEM private key, a JWT, the password
+of ``scheme://user:password@host``), or when it is the exact value of a secret environment variable
+that :meth:`Redactor.redact_env` has already seen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from flaketriage.errors import ConfigError
+
+MASK = "[REDACTED]"
+
+MIN_SECRET_LEN = 6
+"""Shorter values of secret variables are masked in the environment but not searched for in text:
+masking every ``true`` or ``1`` in a log would hide far more than it protects."""
+
+# A fixpoint needs only one or two extra passes in practice; the cap bounds pathological inputs.
+_MAX_PASSES = 5
+
+_SECRET_WORDS = frozenset(
+    {
+        "token",
+        "secret",
+        "secrets",
+        "password",
+        "passwords",
+        "passwd",
+        "pass",
+        "passphrase",
+        "pwd",
+        "pat",
+        "credential",
+        "credentials",
+        "creds",
+        "auth",
+        "oauth",
+        "authorization",
+        "session",
+        "sessionid",
+        "cookie",
+        "cookies",
+        "dsn",
+        "webhook",
+        "webhooks",
+        "apikey",
+        "salt",
+    }
+)
+"""Word parts of a name that make it secret wherever they appear (``AWS_SESSION_TOKEN``)."""
+
+_SECRET_INFIXES = (
+    "password",
+    "passwd",
+    "secret",
+    "credential",
+    "apikey",
+    "accesskey",
+    "privatekey",
+    "passphrase",
+)
+"""Run together with other words in one part (``DBPASSWORD``, ``MYAPIKEY``)."""
+
+_SECRET_PAIRS = frozenset({("connection", "string"), ("conn", "str")})
+
+_QUALIFIERS = frozenset(
+    {
+        "len",
+        "length",
+        "limit",
+        "limits",
+        "count",
+        "size",
+        "max",
+        "min",
+        "num",
+        "number",
+        "ttl",
+        "timeout",
+        "expiry",
+        "expires",
+        "expiration",
+        "lifetime",
+        "type",
+        "mode",
+        "enabled",
+        "disabled",
+        "enable",
+        "disable",
+        "file",
+        "path",
+        "dir",
+        "name",
+        "provider",
+        "backend",
+        "method",
+        "version",
+    }
+)
+"""A last part that describes a secret rather than holding one (``MAX_TOKEN_LENGTH``,
+``POSTGRES_PASSWORD_FILE``): such values are kept, because replay needs them and they leak nothing."""
+
+_NOT_SECRET = frozenset(
+    {
+        "PWD",
+        "OLDPWD",
+        "SSH_AUTH_SOCK",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "SESSION_MANAGER",
+        "DESKTOP_SESSION",
+    }
+)
+"""Names that contain a secret word but hold a path or a socket (``PWD`` is the working directory)."""
+
+_NOT_SECRET_PREFIXES = ("XDG_",)
+
+_CAMEL_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+# Letters or digits right before a credential mean it is the tail of some longer word, not a token.
+_START = r"(?<![A-Za-z0-9])"
+
+_VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        _START + r"gh[pousr]_[A-Za-z0-9]{30,255}",
+        _START + r"github_pat_[A-Za-z0-9_]{22,255}",
+        _START + r"glpat-[A-Za-z0-9_-]{20,}",
+        _START + r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}",
+        _START + r"xox[abposr]-[A-Za-z0-9-]{10,}",
+        _START + r"eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*",
+        _START + r"sk-[A-Za-z0-9_-]{20,}",
+        _START + r"hf_[A-Za-z0-9]{20,}",
+        _START + r"AIza[0-9A-Za-z_-]{35}",
+        _START + r"npm_[A-Za-z0-9]{36}",
+        _START + r"pypi-[A-Za-z0-9_-]{50,}",
+        _START + r"[rs]k_live_[A-Za-z0-9]{16,}",
+        r"\b[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9._~+/-]{8,}=*)",
+        # Only the password of user:password@ goes, so the host stays readable.
+        r"\b[A-Za-z][A-Za-z0-9+.-]*://[^:/\s@]*:(?P<secret>[^@/\s]+)@",
+        # Without an END line the log was cut inside the key: mask everything after BEGIN.
+        r"(?s)-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?P<secret>.*?)(?:-----END[A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+    )
+)
+
+# NAME=value, NAME: value, "name": "value", --name=value, --name value. The value sits in a lookahead
+# so that scanning resumes right after the separator: in ``X=password=abc`` the inner pair is seen too.
+_ASSIGNMENT = re.compile(
+    r"""
+    (?<![A-Za-z0-9_.-])
+    (?P<quote>["']?)(?P<flag>-{1,2})?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)
+    (?:
+        [ \t]*(?:=|:(?!//))[ \t]*
+      | (?(flag)(?P<flagsep>[ \t]+)|(?!))
+    )
+    (?=
+        (?:(?i:bearer|basic|token|digest|bot)[ \t]+)?
+        (?P<value>
+            "(?:[^"\\\n]|\\.)*"
+          | '[^'\n]*'
+          | (?(flagsep)(?!-))[^\s"'&;,=:][^\s"'&;,]*
+        )
+    )
+    """,
+    re.VERBOSE,
+)
+
+_COOKIE_HEADER = re.compile(r"(?im)^[ \t]*(?:set-)?cookie[ \t]*:[ \t]*(?P<secret>[^\r\n]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    start: int
+    end: int
+
+
+class Redactor:
+    """Masks secrets with :data:`MASK`; remembers the secret environment values it has seen.
+
+    ``extra_names`` are variable or option names to treat as secret, matched case-insensitively,
+    with ``*`` and ``?`` wildcards (``MYCO_*``). ``extra_patterns`` are regular expressions for secret
+    values; a group named ``secret`` narrows the mask to that group.
+    """
+
+    def __init__(self, extra_names: Iterable[str] = (), extra_patterns: Iterable[str] = ()) -> None:
+        self._extra_names = tuple(n.upper() for n in extra_names)
+        self._patterns = _VALUE_PATTERNS + tuple(_compile(p) for p in extra_patterns)
+        self._known: set[str] = set()
+        self._known_pattern: re.Pattern[str] | None = None
+
+    def is_secret_name(self, name: str) -> bool:
+        """Whether a variable or option named ``name`` holds a secret, judged from the name alone."""
+        bare = name.lstrip("-")
+        upper = bare.upper()
+        if any(fnmatch.fnmatchcase(upper, pattern) for pattern in self._extra_names):
+            return True
+        if upper in _NOT_SECRET or upper.startswith(_NOT_SECRET_PREFIXES):
+            return False
+        return _name_looks_secret(bare)
+
+    def redact_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """A copy of ``env`` with secret values masked; secrets found are remembered for text."""
+        out: dict[str, str] = {}
+        for name, value in env.items():
+            if value and self.is_secret_name(name):
+                out[name] = MASK
+                self._remember(value)
+            else:
+                # Known values are not applied here: a secret equal to a path would mangle HOME or PATH.
+                redacted, found = self._redact(value, use_known=False)
+                out[name] = redacted
+                for secret in found:
+                    self._remember(secret)
+        return out
+
+    def redact_text(self, text: str) -> str:
+        """``text`` with credentials, secret assignments and known secret values masked."""
+        return self._redact(text, use_known=True)[0]
+
+    def redact_argv(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """Each argument redacted as text, and the argument after a bare secret option masked.
+
+        ``["--password", "hunter2"]`` reaches :meth:`redact_text` as two strings, neither of which
+        looks secret alone.
+        """
+        out: list[str] = []
+        for i, arg in enumerate(argv):
+            previous = argv[i - 1] if i else ""
+            if (
+                previous.startswith("-")
+                and re.fullmatch(r"-{1,2}[A-Za-z_][A-Za-z0-9_.-]*", previous)
+                and not arg.startswith("-")
+                and arg
+                and self.is_secret_name(previous)
+            ):
+                self._remember(arg)
+                out.append(MASK)
+            else:
+                out.append(self.redact_text(arg))
+        return tuple(out)
+
+    def _remember(self, value: str) -> None:
+        # A value inside the mask would be found again in every masked text, forever.
+        if len(value) >= MIN_SECRET_LEN and value.strip() and value not in MASK and value not in self._known:
+            self._known.add(value)
+            self._known_pattern = None
+
+    def _redact(self, text: str, *, use_known: bool) -> tuple[str, list[str]]:
+        found: list[str] = []
+        # Masking changes what surrounds other text (a lookbehind may now see "]"), so repeat to a
+        # fixpoint: that is what makes redaction idempotent.
+        for _ in range(_MAX_PASSES):
+            spans = self._spans(text, use_known=use_known)
+            if not spans:
+                break
+            found.extend(text[s.start : s.end] for s in spans if text[s.start : s.end] != MASK)
+            masked = _apply(text, spans)
+            if masked == text:
+                break
+            text = masked
+        return text, found
+
+    def _spans(self, text: str, *, use_known: bool) -> list[_Span]:
+        spans: list[_Span] = []
+        for pattern in (*self._patterns, _COOKIE_HEADER):
+            for match in pattern.finditer(text):
+                group = "secret" if "secret" in pattern.groupindex else 0
+                if match.group(group):
+                    spans.append(_Span(match.start(group), match.end(group)))
+        for match in _ASSIGNMENT.finditer(text):
+            if self.is_secret_name(match.group("name")):
+                spans.append(_value_span(match))
+        if use_known and self._known:
+            spans.extend(_Span(m.start(), m.end()) for m in self._known_regex().finditer(text))
+        return _merge(spans, text)
+
+    def _known_regex(self) -> re.Pattern[str]:
+        if self._known_pattern is None:
+            # Longest first, so a secret that contains another is masked whole.
+            ordered = sorted(self._known, key=len, reverse=True)
+            self._known_pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        return self._known_pattern
+
+
+def _name_looks_secret(name: str) -> bool:
+    pieces = [p for p in re.split(r"[^A-Za-z0-9]+", name) if p]
+    words = [w.lower() for piece in pieces for w in _CAMEL_PART.findall(piece)]
+    if not words:
+        return False
+    if words[-1] in _QUALIFIERS and len(words) > 1:
+        return False
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    lowered = [p.lower() for p in pieces]
+    if any(infix in p for p in lowered for infix in _SECRET_INFIXES) or any(
+        p.endswith("token") for p in lowered
+    ):
+        return True
+    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)):
+        return True
+    # API_KEY, SECRET_KEY, SSH_KEY, OPENAI_KEY: a trailing KEY names a key; a lone KEY or
+    # KEY_COLUMN is usually a lookup key.
+    return len(words) > 1 and words[-1] == "key"
+
+
+def _value_span(match: re.Match[str]) -> _Span:
+    start, end = match.span("value")
+    value = match.group("value")
+    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
+        # Keep the quotes, so that a masked JSON or Python literal still parses.
+        start, end = start + 1, end - 1
+    return _Span(start, end)
+
+
+def _merge(spans: list[_Span], text: str) -> list[_Span]:
+    """Sorted, non-overlapping spans; one that cuts into an existing mask swallows it whole."""
+    masks = [(m.start(), m.end()) for m in re.finditer(re.escape(MASK), text)]
+    widened: list[_Span] = []
+    for span in spans:
+        if span.start >= span.end:
+            continue
+        start, end = span.start, span.end
+        for m_start, m_end in masks:
+            if m_start < end and start < m_end:
+                start, end = min(start, m_start), max(end, m_end)
+        widened.append(_Span(start, end))
+    widened.sort(key=lambda s: (s.start, -s.end))
+    merged: list[_Span] = []
+    for span in widened:
+        if merged and span.start <= merged[-1].end:
+            last = merged[-1]
+            merged[-1] = _Span(last.start, max(last.end, span.end))
+        else:
+            merged.append(span)
+    return merged
+
+
+def _apply(text: str, spans: list[_Span]) -> str:
+    parts: list[str] = []
+    cursor = 0
+    for span in spans:
+        parts.append(text[cursor : span.start])
+        parts.append(MASK)
+        cursor = span.end
+    parts.append(text[cursor:])
+    return "".join(parts)
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(
+            f"redaction pattern {pattern!r} is not a valid regular expression ({exc}); "
+            "fix or remove it from the extra patterns"
+        ) from exc

@@ -1,0 +1,61 @@
+"""The ``flaketriage`` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from flaketriage import __version__
+from flaketriage.cli import bundles, run
+from flaketriage.cli.console import err
+from flaketriage.errors import FlaketriageError
+
+app = typer.Typer(
+    name="flaketriage",
+    help="Capture failing CI tests and training runs, replay them, and say whether they are real or flaky.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(bundles.app, name="bundle")
+app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
+app.command()(run.triage)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"flaketriage {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """flaketriage: is it real, is it flaky, is it the GPU?"""
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="Keep the demo project (its path is printed).")] = True,
+) -> None:
+    """Build a small real project with two failures, capture them, triage them, show the reports."""
+    from flaketriage.demo import run_demo
+
+    run_demo(keep=keep)
+
+
+def main() -> None:
+    """Console-script entry point: flaketriage errors become one red line and exit status 2."""
+    try:
+        app()
+    except FlaketriageError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

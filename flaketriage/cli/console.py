@@ -1,0 +1,53 @@
+"""Consoles, progress bars and the options every command shares."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from flaketriage.settings import Settings
+from flaketriage.store import LocalStore, Store
+
+# Results go to stdout (plain when piped); progress and diagnostics go to stderr.
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option("--store", help="Store directory (default: ./.flaketriage, or FLAKETRIAGE_STORE).", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def settings_for(store: Path | None) -> Settings:
+    settings = Settings()
+    if store is not None:
+        settings = settings.model_copy(update={"store": store})
+    return settings
+
+
+def open_settings_store(settings: Settings, readonly: bool = False) -> Store:
+    return LocalStore(settings.store, readonly=readonly)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Progress]:
+    """A progress bar on stderr, shown only on a terminal."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not (enabled and err.is_terminal),
+    )
+    with progress:
+        yield progress

@@ -1,0 +1,167 @@
+"""``flaketriage capture`` and ``flaketriage triage``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flaketriage.cli.console import JsonOption, StoreOption, err, out, progress_bar, settings_for
+from flaketriage.errors import ConfigError
+from flaketriage.manifest import FailureCriteria, MetricBound
+from flaketriage.process import shell_exit_code
+from flaketriage.settings import Settings
+from flaketriage.store import LocalStore
+
+
+def criteria_from_options(
+    fail_patterns: list[str], metric: str | None, above: float | None, below: float | None, metrics_file: str | None
+) -> FailureCriteria:
+    import re
+
+    for pattern in fail_patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"--fail-pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+    metrics: tuple[MetricBound, ...] = ()
+    if metric is not None:
+        if above is None and below is None:
+            raise ConfigError(f"--metric {metric} needs a bound: add --above X and/or --below X")
+        metrics = (MetricBound(name=metric, above=above, below=below),)
+    elif above is not None or below is not None:
+        raise ConfigError("--above/--below need --metric NAME to say which metric they bound")
+    return FailureCriteria(fail_patterns=tuple(fail_patterns), metrics=metrics, metrics_file=metrics_file)
+
+
+def capture(
+    command: Annotated[list[str], typer.Argument(help="The command to run, after `--`.", show_default=False)],
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+    data: Annotated[
+        list[Path] | None, typer.Option("--data", help="A reducible input (CSV, JSONL, .npy, directory).")
+    ] = None,
+    fail_pattern: Annotated[
+        list[str] | None, typer.Option("--fail-pattern", help="Output matching this regex is a failure.")
+    ] = None,
+    metric: Annotated[str | None, typer.Option(help="A metric read from `NAME=value` output lines.")] = None,
+    above: Annotated[float | None, typer.Option(help="Fail when the metric goes above this.")] = None,
+    below: Annotated[float | None, typer.Option(help="Fail when the metric goes below this.")] = None,
+    metrics_file: Annotated[str | None, typer.Option(help="JSON / JSON Lines metrics file (cwd-relative).")] = None,
+    seed_env: Annotated[
+        list[str] | None, typer.Option("--seed-env", help="Record this environment variable as a seed.")
+    ] = None,
+    snapshot: Annotated[bool, typer.Option(help="Snapshot the directory even inside git.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Kill the command after this many seconds.")] = None,
+) -> None:
+    """Run COMMAND; when it fails, capture a bundle. Exits with COMMAND's exit code."""
+    from flaketriage.ci.capture import CaptureRequest, run_and_capture
+    from flaketriage.ci.source import SourceLimits
+
+    settings = settings_for(store)
+    criteria = criteria_from_options(fail_pattern or [], metric, above, below, metrics_file)
+    st = LocalStore(settings.store)
+    request = CaptureRequest(
+        argv=command,
+        cwd=Path.cwd(),
+        limits=SourceLimits(
+            max_file_bytes=int(settings.snapshot_max_file_mb * 2**20),
+            max_total_bytes=int(settings.snapshot_max_total_mb * 2**20),
+        ),
+        criteria=criteria,
+        data=data or [],
+        seed_env=seed_env or [],
+        snapshot=snapshot,
+        timeout_s=timeout,
+    )
+    result = run_and_capture(st, request)
+    code = shell_exit_code(result.process.exit_code)
+    if result.failure is not None and code == 0:
+        code = 1  # a pattern or metric failure must fail the CI step too
+    if result.bundle_id:
+        err.print(f"flaketriage: captured bundle {result.bundle_id} ({result.failure.kind if result.failure else ''})")
+    if as_json:
+        sys.stdout.flush()
+        print(json.dumps({
+            "bundle": result.bundle_id,
+            "exit_code": code,
+            "fingerprint": result.failure.fingerprint if result.failure else None,
+        }))
+    raise typer.Exit(code)
+
+
+
+
+def triage(
+    bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")],
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+    minimize: Annotated[bool, typer.Option(help="Reduce data and integer knobs of a reproducible failure.")] = False,
+    max_replays: Annotated[int | None, typer.Option(min=1, help="Upper bound on replays.")] = None,
+    sandbox: Annotated[str | None, typer.Option(help="auto, bwrap or process.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit per replay, seconds.")] = None,
+) -> None:
+    """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
+    from flaketriage.workers.quarantine import Quarantine
+    from flaketriage.workers.report.markdown import MarkdownIssueSink
+    from flaketriage.workers.sandbox import make_sandbox
+    from flaketriage.workers.triage import triage as run_triage
+    from flaketriage.workers.verdict import VerdictPolicy
+
+    settings = settings_for(store)
+    if sandbox is not None:
+        if sandbox not in ("auto", "bwrap", "process"):
+            raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap or process")
+        settings = settings.model_copy(update={"sandbox": sandbox})
+    st = LocalStore(settings.store)
+    policy = VerdictPolicy(
+        min_rate=settings.min_flaky_rate,
+        max_rate=settings.max_flaky_rate,
+        alpha=settings.alpha,
+        max_replays=max_replays or settings.max_replays,
+    )
+    with progress_bar() as bar:
+        task = bar.add_task("replaying", total=policy.max_replays)
+
+        def progress(msg: str, done: int, total: int) -> None:
+            if total:
+                bar.update(task, description=msg, completed=done)
+            else:
+                bar.update(task, description=msg)
+
+        result = run_triage(
+            st,
+            bundle,
+            sandbox=make_sandbox(settings.sandbox),
+            policy=policy,
+            sink=MarkdownIssueSink(settings.resolved_issues_dir()),
+            quarantine=Quarantine(settings.resolved_quarantine_file()),
+            minimize=minimize,
+            timeout_s=timeout,
+            memory_mb=settings.replay_memory_mb,
+            progress=progress,
+        )
+    data = result.to_json()
+    if as_json:
+        print(json.dumps(data))
+        return
+    rate = data["failure_rate"]
+    out.print(
+        f"[bold]{data['verdict']}[/bold]: reproduced {data['failures']} of {data['replays']} replays "
+        f"(rate {rate['estimate']:.2f}, 95% interval {rate['low']:.2f}–{rate['high']:.2f})"
+        + ("" if data["decided"] else " — undecided at --max-replays")
+    )
+    for finding in result.findings:
+        out.print(f"  different failure ({finding.count}×): {finding.summary}", markup=False)
+    if result.minimized:
+        kept = ", ".join(f"{p}: kept {v['kept']} of {v['of']}" for p, v in data["minimal"]["data"].items())
+        args = ", ".join(f"{a} {v['from']}→{v['to']}" for a, v in data["minimal"]["args"].items())
+        out.print(f"minimal bundle {result.minimized.bundle_id[:12]}: {'; '.join(x for x in (kept, args) if x)}")
+    if result.minimize_error:
+        out.print(f"[yellow]not minimized:[/yellow] {result.minimize_error}")
+    report = data["report"]
+    if report["kind"] != "none":
+        out.print(f"report ({report['kind']}): {report['location']}")

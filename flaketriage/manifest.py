@@ -1,0 +1,256 @@
+"""The bundle manifest: the versioned contract between capture, store, replay and report.
+
+A manifest names every blob by SHA-256; its canonical JSON (sorted keys, no spaces, UTF-8) hashes
+to the bundle id. Unknown fields are refused, so a manifest from a newer schema fails loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flaketriage.errors import BundleError
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BlobRef(_Model):
+    """A blob in the store: its SHA-256 (of the raw bytes) and its size."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class FileEntry(_Model):
+    """One file of a tree: a POSIX path relative to the tree's root, its blob and mode."""
+
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    executable: bool = False
+
+
+class Source(_Model):
+    """The code that ran: a git commit plus uncommitted work, or a snapshot of the directory."""
+
+    kind: Literal["git", "snapshot", "none"] = "none"
+    commit: str | None = None
+    branch: str | None = None
+    remote: str | None = None
+    repo_path: str | None = None
+    """Absolute path of the repository (or snapshot) root on the capturing machine."""
+    subdir: str = "."
+    """The command's working directory, relative to the root."""
+    diff: BlobRef | None = None
+    """``git diff --binary HEAD``: tracked changes that were not committed."""
+    files: tuple[FileEntry, ...] = ()
+    """Untracked, non-ignored files (git) or every file of the snapshot."""
+    skipped: tuple[str, ...] = ()
+    """Files left out because they passed the size cap."""
+
+
+class Command(_Model):
+    """What ran, where, and with which (redacted) environment."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float | None = None
+
+
+class Seeds(_Model):
+    """Every seed in force. ``PYTHONHASHSEED`` is chosen by flaketriage when the run left it unset."""
+
+    python_hash_seed: str | None = None
+    python_hash_seed_chosen: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    """Seeds passed through environment variables named with ``--seed-env``."""
+    values: dict[str, int | str] = Field(default_factory=dict)
+    """Seeds reported by the program itself (pytest-randomly, guards: python, numpy, torch, cuda)."""
+
+
+class MetricBound(_Model):
+    """A metric that must stay within bounds: crossing one is a failure even without a crash."""
+
+    name: str
+    above: float | None = None
+    below: float | None = None
+
+
+class FailureCriteria(_Model):
+    """What counts as failure for this command, on capture and on every replay."""
+
+    nonzero_exit: bool = True
+    fail_patterns: tuple[str, ...] = ()
+    metrics: tuple[MetricBound, ...] = ()
+    metrics_file: str | None = None
+
+
+class Failure(_Model):
+    """How the run failed, and its fingerprint."""
+
+    kind: Literal["exception", "exit", "signal", "pattern", "metric", "timeout", "test"]
+    exit_code: int | None = None
+    signal: str | None = None
+    exception_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    test_id: str | None = None
+    detail: str | None = None
+    fingerprint: str
+    signature: str
+    """The normalized text the fingerprint hashes, kept so people can read what matched."""
+    duration_s: float = 0.0
+
+
+class DataInput(_Model):
+    """A declared, reducible input restored at the same path (relative to the cwd) on replay."""
+
+    path: str
+    format: Literal["csv", "jsonl", "npy", "dir"]
+    items: int = Field(ge=0)
+    """How many reducible units it holds: rows, lines, first-axis entries or directory entries."""
+    reducible: bool = True
+    blob: BlobRef | None = None
+    files: tuple[FileEntry, ...] = ()
+    """For a directory: its files, paths relative to the directory."""
+
+
+class GPU(_Model):
+    index: int
+    name: str
+    uuid: str | None = None
+    memory_total_mb: float | None = None
+    memory_used_mb: float | None = None
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+
+
+class Hardware(_Model):
+    """The machine at the time of failure."""
+
+    host: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    memory_total_mb: float | None = None
+    memory_available_mb: float | None = None
+    load_avg: tuple[float, ...] = ()
+    gpus: tuple[GPU, ...] = ()
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cudnn_version: str | None = None
+
+
+class Environment(_Model):
+    """The software the run used."""
+
+    python: str
+    implementation: str
+    executable: str | None = None
+    platform: str
+    machine: str
+    packages: tuple[str, ...] = ()
+    """``name==version`` for every installed distribution, sorted."""
+
+
+class Provenance(_Model):
+    """Where the failure came from."""
+
+    ci_provider: str | None = None
+    run_url: str | None = None
+    job: str | None = None
+    attempt: str | None = None
+    runner: str | None = None
+    host: str | None = None
+
+
+class Minimization(_Model):
+    """How a minimized bundle was derived from its parent."""
+
+    data: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    """path → (kept, of)."""
+    args: dict[str, tuple[str, str]] = Field(default_factory=dict)
+    """flag → (original value, minimized value)."""
+    oracle_calls: int = 0
+
+
+class Manifest(_Model):
+    """Everything needed to reproduce one failure."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    kind: Literal["command", "test", "training"] = "command"
+    command: Command
+    source: Source = Source()
+    seeds: Seeds = Seeds()
+    criteria: FailureCriteria = FailureCriteria()
+    failure: Failure
+    data: tuple[DataInput, ...] = ()
+    environment: Environment
+    hardware: Hardware = Hardware()
+    logs: dict[str, BlobRef] = Field(default_factory=dict)
+    """Named logs: ``stdout``, ``stderr`` (full output, redacted) and any attached log files."""
+    checkpoint: BlobRef | None = None
+    attachments: dict[str, BlobRef] = Field(default_factory=dict)
+    annotations: dict[str, Any] = Field(default_factory=dict)
+    provenance: Provenance = Provenance()
+    parent: str | None = None
+    minimization: Minimization | None = None
+
+    def canonical_json(self) -> bytes:
+        """The bytes the bundle id hashes: sorted keys, no whitespace, UTF-8."""
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+
+    @property
+    def bundle_id(self) -> str:
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def blobs(self) -> list[BlobRef]:
+        """Every blob the manifest names, each once."""
+        refs: dict[str, BlobRef] = {}
+
+        def add(sha: str, size: int) -> None:
+            refs.setdefault(sha, BlobRef(sha256=sha, size=size))
+
+        if self.source.diff:
+            add(self.source.diff.sha256, self.source.diff.size)
+        for f in self.source.files:
+            add(f.sha256, f.size)
+        for d in self.data:
+            if d.blob:
+                add(d.blob.sha256, d.blob.size)
+            for f in d.files:
+                add(f.sha256, f.size)
+        for ref in [*self.logs.values(), *self.attachments.values()]:
+            add(ref.sha256, ref.size)
+        if self.checkpoint:
+            add(self.checkpoint.sha256, self.checkpoint.size)
+        return list(refs.values())
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str = "manifest") -> Manifest:
+        """Parse a manifest, with an error that says which field was wrong."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise BundleError(f"{where} is not valid JSON ({exc}); the store may be damaged") from exc
+        if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
+            raise BundleError(
+                f"{where} has schema_version {data.get('schema_version')!r}, this flaketriage reads "
+                f"{SCHEMA_VERSION}; upgrade flaketriage to read it"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise BundleError(f"{where} is not a valid bundle manifest: {exc}") from exc

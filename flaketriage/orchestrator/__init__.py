@@ -1,0 +1,1 @@
+"""The service: webhook receivers, cases and their history, scheduling, quarantine API."""

@@ -1,0 +1,1 @@
+"""Replay, verdict, minimization and reporting: the work done on GPU/CPU runners."""

@@ -1,0 +1,84 @@
+"""Materialize a bundle: the source (git checkout + diff, or snapshot) and data, in a fresh directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from flaketriage.errors import SandboxError
+from flaketriage.manifest import Manifest
+from flaketriage.store import Store
+from flaketriage.trees import restore_data_input, restore_files, safe_join
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A materialized bundle: `root` holds the source tree, `cwd` is where the command runs."""
+
+    root: Path
+    cwd: Path
+
+    def copy(self, dest: Path) -> Workspace:
+        """A private copy for one replay, so one run's writes never leak into the next."""
+        shutil.copytree(self.root, dest, symlinks=True)
+        return Workspace(root=dest, cwd=dest / self.cwd.relative_to(self.root))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _git(args: list[str], cwd: Path | None = None) -> None:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        raise SandboxError(f"`git {' '.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def _checkout(manifest: Manifest, dest: Path) -> None:
+    src = manifest.source
+    assert src.commit is not None
+    origins = [o for o in (src.repo_path, src.remote) if o]
+    errors: list[str] = []
+    for origin in origins:
+        if origin == src.repo_path and not Path(origin).is_dir():
+            errors.append(f"{origin}: not a directory on this machine")
+            continue
+        try:
+            _git(["clone", "--quiet", "--no-checkout", origin, str(dest)])
+            _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", src.commit], cwd=dest)
+            return
+        except SandboxError as exc:
+            errors.append(str(exc))
+            shutil.rmtree(dest, ignore_errors=True)
+    raise SandboxError(
+        f"cannot check out commit {src.commit}: " + "; ".join(errors or ["the bundle names no repository"])
+        + ". Replay where the repository (or its remote) is reachable, or capture with --snapshot"
+    )
+
+
+def materialize(store: Store, manifest: Manifest, dest: Path) -> Workspace:
+    """Lay out the bundle's source and data under `dest` (which must not exist or be empty)."""
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise SandboxError(f"{dest} is not empty; materialize into a new directory")
+    src = manifest.source
+    if src.kind == "git":
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            dest.rmdir()
+        _checkout(manifest, dest)
+        if src.diff is not None:
+            with tempfile.NamedTemporaryFile(suffix=".diff") as patch:
+                patch.write(store.get_bytes(src.diff.sha256))
+                patch.flush()
+                _git(["apply", "--binary", "--whitespace=nowarn", patch.name], cwd=dest)
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+    restore_files(store, src.files, dest)
+    cwd = safe_join(dest, src.subdir)
+    cwd.mkdir(parents=True, exist_ok=True)
+    for data in manifest.data:
+        restore_data_input(store, data, cwd)
+    return Workspace(root=dest.resolve(), cwd=cwd)

@@ -1,0 +1,189 @@
+"""Deterministic replay: rerun a bundle's command in a fresh copy of its workspace, in a sandbox.
+
+Each replay gets the recorded seeds and deterministic settings, a wall-clock limit and a private
+copy of the materialized workspace; its failure counts as a reproduction only when its fingerprint
+equals the original's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from flaketriage.ci.redaction import MASK
+from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
+from flaketriage.manifest import Manifest
+from flaketriage.process import ProcessResult
+from flaketriage.store import Store
+from flaketriage.workers.materialize import Workspace, materialize
+from flaketriage.workers.sandbox import Sandbox, SandboxSpec
+from flaketriage.workers.verdict import Outcome
+
+SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
+_PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "FLAKETRIAGE_REPLAY": "1"}
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One replay: how it ended compared with the original failure."""
+
+    outcome: Outcome
+    failure: FailureInfo | None
+    process: ProcessResult
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A change to the captured run, for minimization: data subsets and argument values."""
+
+    data: Mapping[str, Sequence[int]] | None = None
+    """data path → indices of the items to keep."""
+    argv: Sequence[str] | None = None
+
+
+def _original_roots(manifest: Manifest) -> list[str]:
+    roots = {manifest.command.cwd}
+    if manifest.source.repo_path:
+        roots.add(manifest.source.repo_path)
+    return sorted(roots, key=len, reverse=True)  # the longest prefix is rewritten first
+
+
+class Replayer:
+    """Replays one bundle many times: materialized once, copied for each run."""
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest,
+        sandbox: Sandbox,
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.store = store
+        self.manifest = manifest
+        self.sandbox = sandbox
+        self.timeout_s = timeout_s or manifest.command.timeout_s or 600.0
+        self.memory_mb = memory_mb
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self._tmp = Path(tempfile.mkdtemp(prefix="flaketriage-replay-"))
+        self.template: Workspace = materialize(store, manifest, self._tmp / "template")
+        self._count = 0
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # -- the run's environment ------------------------------------------------------------------
+    def _rewrite(self, value: str, ws: Workspace) -> str:
+        for root in _original_roots(self.manifest):
+            rel = os.path.relpath(root, self.manifest.command.cwd)
+            value = value.replace(root, str((ws.cwd / rel).resolve()))
+        return value
+
+    def environment(self, ws: Workspace) -> dict[str, str]:
+        """The recorded environment, secrets refilled from this machine, paths moved to `ws`."""
+        recorded = self.manifest.command.env
+        env: dict[str, str] = {}
+        for name, value in recorded.items():
+            if MASK in value:
+                if name in self.base_env:
+                    env[name] = self.base_env[name]
+                continue
+            # Interpreter paths keep pointing at the original environment (exposed read-only).
+            env[name] = value if name in _PATHLIKE_VARS else self._rewrite(value, ws)
+        if not recorded:
+            env.update(self.base_env)
+        seeds = self.manifest.seeds
+        if seeds.python_hash_seed is not None:
+            env["PYTHONHASHSEED"] = seeds.python_hash_seed
+        env.update(seeds.env)
+        for name, value in DETERMINISTIC_ENV.items():
+            env.setdefault(name, value)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH")) if p)
+        env["PWD"] = str(ws.cwd)
+        return env
+
+    def _exposed(self) -> list[Path]:
+        """Interpreter directories inside the original workspace that the run still needs."""
+        env = self.manifest.command.env
+        candidates = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+        candidates += [env[v] for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in env]
+        roots = [Path(r) for r in _original_roots(self.manifest)]
+        out: list[Path] = []
+        for c in candidates:
+            path = Path(c)
+            if any(path == r or r in path.parents for r in roots) and path.exists():
+                out.append(path if path.name != "bin" else path.parent)
+        return out
+
+    # -- one run --------------------------------------------------------------------------------
+    def run(self, variant: Variant | None = None) -> ReplayResult:
+        """One replay in a private copy of the workspace."""
+        self._count += 1
+        ws = self.template.copy(self._tmp / f"run-{self._count}")
+        try:
+            argv = list(variant.argv) if variant and variant.argv else list(self.manifest.command.argv)
+            if variant and variant.data:
+                self._apply_subsets(ws, variant.data)
+            spec = SandboxSpec(
+                argv=[self._rewrite(a, ws) for a in argv],
+                workspace=ws.root,
+                cwd=ws.cwd,
+                env=self.environment(ws),
+                timeout_s=self.timeout_s,
+                memory_mb=self.memory_mb,
+                hide=[Path(r) for r in _original_roots(self.manifest)],
+                expose=self._exposed(),
+            )
+            result = self.sandbox.run(spec)
+            return self._classify(result, ws)
+        finally:
+            ws.remove()
+
+    def _apply_subsets(self, ws: Workspace, subsets: Mapping[str, Sequence[int]]) -> None:
+        from flaketriage.datasets import write_subset
+
+        for data in self.manifest.data:
+            if data.path not in subsets:
+                continue
+            target = ws.cwd / data.path
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            write_subset(self.template.cwd / data.path, target, data.format, subsets[data.path])
+
+    def _classify(self, result: ProcessResult, ws: Workspace) -> ReplayResult:
+        criteria = self.manifest.criteria
+        metrics = None
+        if criteria.metrics:
+            metrics_file = ws.cwd / criteria.metrics_file if criteria.metrics_file else None
+            metrics = read_metrics(result.stdout, [m.name for m in criteria.metrics], metrics_file)
+        info = fingerprint_failure(
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            roots=[str(ws.cwd), str(ws.root)],
+            criteria=criteria,
+            metrics=metrics,
+            timed_out=result.timed_out,
+        )
+        if info is None:
+            outcome = Outcome.PASSED
+        elif info.fingerprint == self.manifest.failure.fingerprint:
+            outcome = Outcome.REPRODUCED
+        else:
+            outcome = Outcome.DIFFERENT
+        return ReplayResult(outcome=outcome, failure=info, process=result)

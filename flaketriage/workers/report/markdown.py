@@ -1,0 +1,124 @@
+"""`MarkdownIssueSink`: issues as Markdown files, one per fingerprint, in a directory.
+
+Updates are read-modify-write under an ``fcntl`` lock on a lock file in the directory, and every
+write goes to a temp file renamed into place, so concurrent reporters never lose an occurrence and
+a crash never leaves a half-written issue. The quarantine list shares the two file primitives.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+from flaketriage.errors import ReportError
+from flaketriage.workers.report.base import (
+    IssueDraft,
+    IssueRecord,
+    IssueSink,
+    ReportRef,
+    check_fingerprint,
+    utc_now,
+)
+
+LOCK_NAME = ".flaketriage-issues.lock"
+
+
+@contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on `lock_path` (created if missing) for the block."""
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ReportError(
+            f"cannot create the lock file {lock_path} ({exc.strerror or exc}); make its directory "
+            "writable or point flaketriage at another one"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, fsync it, and rename it over `path`."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write {path} ({exc.strerror or exc}); make {path.parent} writable"
+        ) from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp's 0600 would hide the file from the people it is for
+        os.replace(tmp_name, path)
+    except OSError as exc:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise ReportError(f"cannot write {path} ({exc.strerror or exc}); check free space and permissions") from exc
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+class MarkdownIssueSink(IssueSink):
+    """Issues as ``<directory>/<fingerprint[:16]>.md``; the directory is created on first write."""
+
+    kind = "markdown"
+
+    def __init__(self, directory: Path | str, *, clock: Callable[[], datetime] = utc_now) -> None:
+        self.directory = Path(directory)
+        self._clock = clock
+
+    def path_for(self, fingerprint: str) -> Path:
+        return self.directory / f"{check_fingerprint(fingerprint)[:16]}.md"
+
+    def upsert(self, draft: IssueDraft) -> ReportRef:
+        path = self.path_for(draft.fingerprint)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ReportError(
+                f"cannot create the issues directory {self.directory} ({exc.strerror or exc}); set "
+                "FLAKETRIAGE_ISSUES_DIR to a writable directory"
+            ) from exc
+        with locked(self.directory / LOCK_NAME):
+            existing = self._read(path, draft.fingerprint)
+            now = self._clock()
+            record = IssueRecord.new(draft, now) if existing is None else existing.recur(draft, now)
+            write_atomic(path, f"# {record.title}\n\n{record.body_text()}")
+        return ReportRef(kind="markdown", location=str(path), created=existing is None)
+
+    def find(self, fingerprint: str) -> ReportRef | None:
+        path = self.path_for(fingerprint)
+        return ReportRef(kind="markdown", location=str(path), created=False) if path.is_file() else None
+
+    def get(self, fingerprint: str) -> IssueRecord | None:
+        return self._read(self.path_for(fingerprint), fingerprint)
+
+    def _read(self, path: Path, fingerprint: str) -> IssueRecord | None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(
+                f"cannot read the issue {path} ({exc}); fix its permissions or move it away to let "
+                "flaketriage open a new one"
+            ) from exc
+        record = IssueRecord.parse(text, where=f"the issue file {path}")
+        if record.fingerprint != fingerprint:
+            raise ReportError(
+                f"the issue file {path} belongs to fingerprint {record.fingerprint}, not {fingerprint} "
+                "(their first 16 characters collide); move it away, or keep issues for the two "
+                "failures in different directories"
+            )
+        return record
