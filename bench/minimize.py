@@ -18,10 +18,11 @@ from pathlib import Path
 # Run as a script from a checkout, without installing the package first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flaketriage.workers.reducer import Reducer, ddmin  # noqa: E402
+from flaketriage.workers.reducer import Reducer, ddmin
 
 SIZES = (1_000, 10_000, 100_000)
 Predicate = Callable[[Sequence[int]], bool]
+HEADER = f"{'n':>8} | {'Reducer mean':>12} {'max':>4} | {'ddmin mean':>10} {'max':>4}"
 
 
 def goal(n: int) -> float:
@@ -61,7 +62,7 @@ def mean(values: list[int]) -> float:
 
 def single_culprit(rng: random.Random, positions: int) -> bool:
     print(f"\nOne culprit among n items ({positions} random positions each; goal: 2*log2(n)+10 calls)\n")
-    print(f"{'n':>8} | {'Reducer mean':>12} {'max':>4} | {'ddmin mean':>10} {'max':>4} | {'goal':>5} | result")
+    print(f"{HEADER} | {'goal':>5} | result")
     print("-" * 70)
     passed = True
     for n in SIZES:
@@ -77,7 +78,7 @@ def single_culprit(rng: random.Random, positions: int) -> bool:
 
 def interacting_culprits(rng: random.Random, positions: int, k: int) -> bool:
     print(f"\n{k} interacting culprits (fails only with all {k} present; {positions} random sets each)\n")
-    print(f"{'n':>8} | {'Reducer mean':>12} {'max':>4} | {'ddmin mean':>10} {'max':>4} | {'ratio':>5} | seconds")
+    print(f"{HEADER} | {'ratio':>5} | seconds")
     print("-" * 76)
     passed = True
     for n in SIZES:

@@ -16,7 +16,7 @@ from pathlib import Path
 # Run as a script from a checkout, without installing the package first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flaketriage.workers.verdict import (  # noqa: E402
+from flaketriage.workers.verdict import (
     Outcome,
     SequentialTest,
     Verdict,

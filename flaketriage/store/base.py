@@ -53,7 +53,8 @@ def decode(stored: bytes, key: str, where: str) -> bytes:
         import zstandard
 
         try:
-            return zstandard.ZstdDecompressor().decompress(body)
+            # Streamed frames carry no content size, so decompress incrementally.
+            return zstandard.ZstdDecompressor().decompressobj().decompress(body)
         except zstandard.ZstdError as exc:
             raise CorruptObjectError(key, "<undecodable zstd frame>", where) from exc
     raise CorruptObjectError(key, f"<unknown encoding tag {tag!r}>", where)

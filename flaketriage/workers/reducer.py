@@ -31,7 +31,8 @@ class _Oracle(Generic[T]):
     """The predicate over subsets of ``items``, named by sorted index lists, memoized and counted."""
 
     def __init__(self, items: Sequence[T], predicate: Callable[[Sequence[T]], bool]) -> None:
-        self._items = items
+        # A list indexes faster than a range or other lazy sequence, and every call indexes it.
+        self._items = list(items)
         self._predicate = predicate
         # Keys are digests of the index tuples: on 100,000 items a tuple per tried subset would hold
         # gigabytes, a 16-byte digest does not, and a collision at 2**-128 is not a practical risk.

@@ -63,7 +63,9 @@ def write_atomic(path: Path, text: str) -> None:
         os.replace(tmp_name, path)
     except OSError as exc:
         Path(tmp_name).unlink(missing_ok=True)
-        raise ReportError(f"cannot write {path} ({exc.strerror or exc}); check free space and permissions") from exc
+        raise ReportError(
+            f"cannot write {path} ({exc.strerror or exc}); check free space and permissions"
+        ) from exc
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise

@@ -105,11 +105,9 @@ def issue_title(manifest: Manifest) -> str:
 
 def _user_frame(traceback: str | None) -> str | None:
     """The file of the innermost traceback frame outside installed libraries (else the innermost)."""
-    frames = _FRAME_RE.findall(traceback or "")
-    if not frames:
-        return None
-    own = [path for path, _ in frames if not any(part in path for part in _LIBRARY_PARTS)]
-    return own[-1] if own else frames[-1][0]
+    paths = [m.group(1) for m in _FRAME_RE.finditer(traceback or "")]
+    own = [path for path in paths if not any(part in path for part in _LIBRARY_PARTS)]
+    return (own or paths or [None])[-1]
 
 
 def _one_line(text: str) -> str:
@@ -149,7 +147,10 @@ def _summary(manifest: Manifest, bundle_id: str, verdict: VerdictResult, environ
         f"(95% interval {_percent(rate.low)}–{_percent(rate.high)}); {decided}.",
     ]
     if environment_specific:
-        lines += ["", "**Suspected environment-specific**: it reproduces only on the original runner or hardware."]
+        lines += [
+            "",
+            "**Suspected environment-specific**: it reproduces only on the original runner or hardware.",
+        ]
     f = manifest.failure
     lines += [
         "",
@@ -166,16 +167,26 @@ def _failure(store: Store, manifest: Manifest) -> str:
     rows += [("Exit code", None if f.exit_code is None else str(f.exit_code)), ("Signal", f.signal)]
     rows += [("Detail", f.detail), ("Duration", f"{f.duration_s:.1f} s" if f.duration_s else None)]
     rows += [("Command", shlex.join(manifest.command.argv))]
-    parts = ["## Failure", "", _table(rows)]
+    parts = ["## Failure", "", markdown_table(rows)]
     if f.traceback:
         lines = f.traceback.rstrip().splitlines()
         if len(lines) > MAX_TRACEBACK_LINES:
             dropped = len(lines) - MAX_TRACEBACK_LINES
-            lines = [f"... ({dropped} earlier lines left out; the bundle has them all)", *lines[-MAX_TRACEBACK_LINES:]]
+            lines = [
+                f"... ({dropped} earlier lines left out; the bundle has them all)",
+                *lines[-MAX_TRACEBACK_LINES:],
+            ]
         parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]
     tail = _stderr_tail(store, manifest)
     if tail:
-        parts += ["", f"<details><summary>Last {STDERR_TAIL_LINES} lines of stderr</summary>", "", tail, "", "</details>"]
+        parts += [
+            "",
+            f"<details><summary>Last {STDERR_TAIL_LINES} lines of stderr</summary>",
+            "",
+            tail,
+            "",
+            "</details>",
+        ]
     return "\n".join(parts)
 
 
@@ -199,6 +210,11 @@ def _findings(findings: Sequence[str]) -> str | None:
 
 
 def _environment(manifest: Manifest) -> str:
+    return "\n".join(["## Environment", "", markdown_table(environment_rows(manifest))])
+
+
+def environment_rows(manifest: Manifest) -> list[tuple[str, str | None]]:
+    """The environment table's rows (label, value or None): Python, packages, GPUs, CUDA, host, CI."""
     env, hw, prov = manifest.environment, manifest.hardware, manifest.provenance
     rows: list[tuple[str, str | None]] = [
         ("Python", f"{env.python} ({env.implementation})"),
@@ -206,10 +222,16 @@ def _environment(manifest: Manifest) -> str:
     ]
     rows += [(name, version) for name, version in key_packages(env.packages)]
     if hw.gpus:
-        rows.append(("GPUs", ", ".join(f"{n} × {name}" for name, n in Counter(g.name for g in hw.gpus).items())))
+        rows.append(
+            ("GPUs", ", ".join(f"{n} × {name}" for name, n in Counter(g.name for g in hw.gpus).items()))
+        )
     cuda = " / ".join(
         f"{label} {value}"
-        for label, value in (("CUDA", hw.cuda_version), ("cuDNN", hw.cudnn_version), ("driver", hw.driver_version))
+        for label, value in (
+            ("CUDA", hw.cuda_version),
+            ("cuDNN", hw.cudnn_version),
+            ("driver", hw.driver_version),
+        )
         if value
     )
     rows += [("CUDA", cuda or None), ("CPU", _cpu(manifest)), ("Host", hw.host or prov.host)]
@@ -222,7 +244,7 @@ def _environment(manifest: Manifest) -> str:
         rows.append(("CI", ci))
     if prov.run_url:
         rows.append(("CI run", f"[{prov.run_url}]({prov.run_url})"))
-    return "\n".join(["## Environment", "", _table(rows)])
+    return rows
 
 
 def _cpu(manifest: Manifest) -> str | None:
@@ -258,7 +280,7 @@ def _source(manifest: Manifest) -> str:
     rows += [("Working directory", src.subdir)]
     if src.skipped:
         rows.append(("Left out (too large)", ", ".join(src.skipped)))
-    return "\n".join(["## Source", "", _table(rows)])
+    return "\n".join(["## Source", "", markdown_table(rows)])
 
 
 def _reproduction(bundle_id: str, minimal: Manifest | None, minimal_bundle_id: str | None) -> str:
@@ -306,7 +328,10 @@ def _fetch(bundle_id: str, minimal_bundle_id: str | None, location: str) -> str:
             "",
             f"The bundle {ids} is in the store at `{location}`. Where that store is reachable:",
             "",
-            _fence(f"export FLAKETRIAGE_STORE={shlex.quote(location)}\nflaketriage bundle show {bundle_id}", "bash"),
+            _fence(
+                f"export FLAKETRIAGE_STORE={shlex.quote(location)}\nflaketriage bundle show {bundle_id}",
+                "bash",
+            ),
         ]
     )
 
@@ -328,15 +353,12 @@ def _inline_or_block(text: str) -> str:
 def _cell(key: str, value: str) -> str:
     value = " ".join(value.split())
     # Code (commands, names) goes in a code span, so Markdown leaves its characters alone.
-    if key in _CODE_ROWS and "`" not in value:
-        value = f"`{value}`"
-    else:
-        value = value.replace("<", "&lt;")
+    value = f"`{value}`" if key in _CODE_ROWS and "`" not in value else value.replace("<", "&lt;")
     return value.replace("|", "\\|")
 
 
-def _table(rows: Sequence[tuple[str, str | None]]) -> str:
-    """A two-column Markdown table of the rows that have a value."""
+def markdown_table(rows: Sequence[tuple[str, str | None]]) -> str:
+    """A two-column Markdown table of the rows that have a value; code-like rows in code spans."""
     out = ["| | |", "| --- | --- |"]
     out += [f"| {key} | {_cell(key, value)} |" for key, value in rows if value]
     return "\n".join(out)
