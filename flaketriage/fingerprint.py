@@ -147,7 +147,7 @@ class PythonError:
 
 
 _TB_HEADER = re.compile(
-    r"^(?P<prefix>[ \t]*(?:[+|][ \t]*)*)(?:Exception Group )?Traceback \(most recent call last\):[ \t]*$",
+    r"^(?P<prefix>[ \t]*(?:[+|][ \t]*)*)(?:Exception Group )?Traceback \(most recent call last\):[ \t\r]*$",
     re.MULTILINE,
 )
 _FRAME = re.compile(r'^[ \t]*File "(?P<file>.*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?[ \t]*$')
@@ -248,7 +248,7 @@ class PytestFailure:
     message: str
 
 
-_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+[ \t]*$", re.MULTILINE)
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+[ \t\r]*$", re.MULTILINE)
 _SUMMARY_LINE = re.compile(r"^(?P<outcome>FAILED|ERROR) (?P<rest>\S.*?)[ \t]*$")
 _IDENTIFIER_PREFIX = re.compile(r"^(?P<type>[A-Za-z_][\w.]*):[ \t]*(?P<msg>.*)$", re.DOTALL)
 
@@ -439,7 +439,8 @@ def _info(kind: FailureKind, signature: str, **fields: Any) -> FailureInfo:
     return FailureInfo(kind=kind, signature=signature, fingerprint=digest, **{**defaults, **fields})
 
 
-_ERROR_WORDS = re.compile(r"error|fatal|failed|abort|exception|panic", re.IGNORECASE)
+_ERROR_WORDS = ("error", "fatal", "failed", "abort", "exception", "panic")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 # Kept in the manifest for people to read, not hashed: long enough for any real message.
 _MAX_RAW_MESSAGE = 4_000
 
@@ -593,11 +594,16 @@ def _exit_info(exit_code: int, signal_name: str | None, stdout: str, stderr: str
 
 
 def _last_error_line(text: str) -> str:
-    lines = [line for line in strip_ansi(text).splitlines() if line.strip()]
-    for line in reversed(lines):
-        if _ERROR_WORDS.search(line):
-            return line
-    return lines[-1] if lines else ""
+    text = strip_ansi(text)
+    # str.rfind on the lowered text instead of a regex per line: logs of training runs can be
+    # tens of megabytes, and this runs on every replay.
+    lowered = text.translate(_ASCII_LOWER)  # str.lower() may change the length ("İ")
+    at = max(lowered.rfind(word) for word in _ERROR_WORDS)
+    if at < 0:
+        at = len(text.rstrip()) - 1
+    start = max(text.rfind("\n", 0, at), text.rfind("\r", 0, at)) + 1
+    ends = [i for i in (text.find("\n", at), text.find("\r", at)) if i >= 0]
+    return text[start : min(ends, default=len(text))].strip()
 
 
 def _signal_name(number: int) -> str:

@@ -154,7 +154,7 @@ def _build_manifest(
         failure=Failure(
             kind=info.kind,
             exit_code=result.exit_code,
-            signal=info.signal if hasattr(info, "signal") else None,
+            signal=info.signal,
             exception_type=info.exception_type,
             message=redactor.redact_text(info.message) if info.message else None,
             traceback=redactor.redact_text(info.traceback) if info.traceback else None,

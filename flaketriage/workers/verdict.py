@@ -88,9 +88,10 @@ def _check_probability(name: str, value: float, meaning: str) -> None:
 class VerdictPolicy:
     """How sure a verdict must be, and how many replays it may cost.
 
-    ``min_rate``..``max_rate`` is the range of failure rates of flaky failures that the test promises
-    to classify as flaky with probability at least ``1 - alpha``. ``confidence`` is the coverage of
-    the reported rate interval.
+    For a flaky failure whose rate lies in ``min_rate``..``max_rate``, the chance of calling it
+    deterministic is at most ``alpha``, and so is the chance of calling it not reproduced. The two
+    cannot both happen; their sum stays under ``alpha`` for the defaults (at most 4.9%) but can exceed
+    it when the range is narrow. ``confidence`` is the coverage of the reported rate interval.
     """
 
     min_rate: float = 0.05

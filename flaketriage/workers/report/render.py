@@ -33,14 +33,14 @@ KEY_PACKAGES = (
 )  # fmt: skip
 
 _VERDICT_MEANING = {
-    "deterministic": "fails every time it is replayed with the recorded seeds and deterministic settings",
-    "flaky": "fails only some of the time under identical replays",
-    "not_reproduced": "did not fail again on replay",
+    "deterministic": "reproduces on every replay with the recorded seeds and deterministic settings",
+    "flaky": "reproduces only some of the time under identical replays",
+    "not_reproduced": "did not reproduce on replay",
     "different_failure": "replays fail, but not the way the original run did",
 }
 _ITEM_UNITS = {"csv": "rows", "jsonl": "lines", "npy": "entries", "dir": "files"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
-_CODE_ROWS = ("Command", "Exception", "Test", "Commit", "Working directory")
+_CODE_ROWS = ("Command", "Exception", "Test", "Commit", "Working directory", "Fingerprint")
 _LIBRARY_PARTS = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
 
 
@@ -292,8 +292,8 @@ def _reproduction(bundle_id: str, minimal: Manifest | None, minimal_bundle_id: s
         parts += _minimization(minimal)
     parts += [
         "",
-        "Run it without flaketriage's replay machinery (the export holds the workspace, seeds, "
-        "`run.sh`, a Dockerfile and the original logs):",
+        "Export a self-contained reproduction (workspace, seeds, `run.sh`, Dockerfile, original logs) "
+        "and run it without flaketriage, or replay and triage the bundle again:",
         "",
         _fence(
             f"flaketriage bundle export {repro_id} repro && cd repro && bash run.sh\n"

@@ -1,0 +1,186 @@
+"""The quarantine list: add, refresh, lift and look up flaky failures in a locked JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import flaketriage
+from flaketriage.errors import ReportError
+from flaketriage.workers.quarantine import Quarantine, evidence_of
+from flaketriage.workers.report import ReportRef
+from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
+
+FP = "ab" * 32
+OTHER = "cd" * 32
+TEST_ID = "tests/test_model.py::test_grad"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(minutes=1)
+        return self.now
+
+
+def evidence(reproductions: int = 3, replays: int = 7) -> dict[str, object]:
+    return {
+        "replays": replays,
+        "reproductions": reproductions,
+        "rate": {"estimate": 0.43, "low": 0.1, "high": 0.82},
+    }
+
+
+def add(q: Quarantine, bundle: str, fingerprint: str = FP, **overrides: object) -> ReportRef:
+    kwargs: dict[str, object] = {
+        "test_id": TEST_ID,
+        "command": "pytest tests/test_model.py",
+        "bundle_id": bundle,
+        "verdict_evidence": evidence(),
+        "reason": "flaky: reproduced 3 of 7",
+    }
+    kwargs.update(overrides)
+    return q.add(fingerprint, **kwargs)  # type: ignore[arg-type]
+
+
+def test_add_creates_then_refreshes_an_entry(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "quarantine.json"
+    q = Quarantine(path, clock=Clock())
+    assert q.entries() == {} and q.get(FP) is None
+    first = q.add(
+        FP,
+        test_id=TEST_ID,
+        command="pytest tests/test_model.py",
+        bundle_id="a" * 64,
+        verdict_evidence=evidence(),
+        reason="flaky",
+    )
+    assert (first.kind, first.location, first.created) == ("quarantine", str(path), True)
+    second = add(q, "b" * 64, verdict_evidence=evidence(4, 9), reason="flaky again")
+    add(q, "b" * 64)
+    assert not second.created
+    entry = q.get(FP)
+    assert entry is not None
+    assert entry["bundles"] == ["a" * 64, "b" * 64]
+    assert entry["bundle_id"] == "b" * 64
+    assert entry["evidence"] == evidence()
+    assert entry["occurrences"] == 3
+    assert entry["quarantined_at"] == "2024-05-01T12:01:00+00:00"
+    assert entry["updated_at"] == "2024-05-01T12:03:00+00:00"
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1 and list(doc["entries"]) == [FP]
+    assert sorted(p.name for p in path.parent.iterdir()) == [".quarantine.json.lock", "quarantine.json"]
+
+
+def test_is_quarantined_by_fingerprint_or_test_id_until_lifted(tmp_path: Path) -> None:
+    q = Quarantine(tmp_path / "q.json")
+    add(q, "a" * 64)
+    add(q, "a" * 64, fingerprint=OTHER, test_id=None, command="python train.py")
+    assert q.is_quarantined(FP) and q.is_quarantined(TEST_ID) and q.is_quarantined(OTHER)
+    assert not q.is_quarantined("tests/test_model.py::test_other")
+    assert q.remove(FP) is True
+    assert q.remove(FP) is False
+    assert not q.is_quarantined(FP) and not q.is_quarantined(TEST_ID)
+    assert list(q.entries()) == [OTHER]
+
+
+def test_entries_are_copies(tmp_path: Path) -> None:
+    q = Quarantine(tmp_path / "q.json")
+    add(q, "a" * 64)
+    q.entries()[FP]["bundles"].append("tampered")
+    entry = q.get(FP)
+    assert entry is not None and entry["bundles"] == ["a" * 64]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "expected an object"),
+        ('{"version": 1, "entries": {"abab": "not an object"}}', "not an object with a bundles list"),
+    ],
+)
+def test_a_damaged_file_is_reported_and_left_alone(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "q.json"
+    path.write_text(content)
+    q = Quarantine(path)
+    with pytest.raises(ReportError, match=f"{re.escape(str(path))} is damaged: .*{message}.*delete it"):
+        add(q, "a" * 64)
+    with pytest.raises(ReportError):
+        q.is_quarantined(FP)
+    assert path.read_text() == content
+
+
+def test_a_newer_file_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "q.json"
+    path.write_text('{"version": 2, "entries": {}}')
+    with pytest.raises(ReportError, match=r"version 2.*upgrade flaketriage"):
+        Quarantine(path).entries()
+
+
+def test_evidence_must_be_plain_json(tmp_path: Path) -> None:
+    q = Quarantine(tmp_path / "q.json")
+    with pytest.raises(ReportError, match="cannot be stored as JSON"):
+        add(q, "a" * 64, verdict_evidence={"rate": float("nan")})
+    with pytest.raises(ReportError, match="not a failure fingerprint"):
+        add(q, "a" * 64, fingerprint="nope")
+    assert not (tmp_path / "q.json").exists()
+
+
+def test_evidence_of_a_verdict_result(tmp_path: Path) -> None:
+    result = VerdictResult(
+        verdict=Verdict.FLAKY,
+        decided=True,
+        replays=7,
+        reproductions=3,
+        passes=4,
+        different=0,
+        rate=RateInterval(estimate=3 / 7, low=0.099, high=0.816),
+    )
+    q = Quarantine(tmp_path / "q.json")
+    add(q, "a" * 64, verdict_evidence=evidence_of(result))
+    entry = q.get(FP)
+    assert entry is not None
+    assert entry["evidence"] == {
+        "verdict": "flaky",
+        "decided": True,
+        "replays": 7,
+        "reproductions": 3,
+        "passes": 4,
+        "different": 0,
+        "rate": {"estimate": 3 / 7, "low": 0.099, "high": 0.816},
+    }
+
+
+_ADDS = """
+import sys
+from flaketriage.workers.quarantine import Quarantine
+q = Quarantine(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    fp = format(int(sys.argv[2]) * 1000 + i, "016x")
+    q.add(fp, test_id=None, command="c", bundle_id="b", verdict_evidence={}, reason="r")
+    bundle = f"{sys.argv[2]}-{i}"
+    q.add("ab" * 32, test_id=None, command="c", bundle_id=bundle, verdict_evidence={}, reason="r")
+"""
+
+
+def test_concurrent_processes_lose_no_entry(tmp_path: Path) -> None:
+    root = Path(flaketriage.__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    path = tmp_path / "q.json"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _ADDS, str(path), str(n), "10"], env=env) for n in range(4)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    entries = Quarantine(path).entries()
+    assert len(entries) == 41
+    assert entries[FP]["occurrences"] == 40 and len(entries[FP]["bundles"]) == 40

@@ -1,0 +1,403 @@
+"""Issue rendering and the issue sinks: one issue per fingerprint, updated rather than duplicated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import flaketriage
+from flaketriage.errors import ReportError
+from flaketriage.manifest import (
+    GPU,
+    Command,
+    DataInput,
+    Environment,
+    Failure,
+    Hardware,
+    Manifest,
+    Minimization,
+    Provenance,
+    Source,
+)
+from flaketriage.store import LocalStore, Store
+from flaketriage.workers.report import (
+    IssueDraft,
+    IssueRecord,
+    IssueSink,
+    MarkdownIssueSink,
+    MemoryIssueSink,
+    issue_title,
+    render_issue,
+)
+from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
+
+FP = "ab" * 32
+RUN_URL = "https://github.com/acme/repo/actions/runs/42"
+TRACEBACK = textwrap.dedent(
+    """\
+    Traceback (most recent call last):
+      File "/home/ci/repo/train.py", line 12, in <module>
+        main()
+      File "/home/ci/repo/train.py", line 9, in main
+        loss = total / count
+      File "/usr/lib/python3.11/site-packages/numpy/core/_methods.py", line 3, in _mean
+        raise ZeroDivisionError("division by zero")
+    ZeroDivisionError: division by zero
+    """
+)
+
+
+def issue_manifest(store: Store, **failure: object) -> Manifest:
+    stderr = "\n".join(f"stderr line {i}" for i in range(100)) + "\n"
+    fields: dict[str, object] = {
+        "kind": "exception",
+        "exit_code": 1,
+        "exception_type": "ZeroDivisionError",
+        "message": "division by zero",
+        "traceback": TRACEBACK,
+        "fingerprint": FP,
+        "signature": "ZeroDivisionError|train.py:main",
+    }
+    fields.update(failure)
+    return Manifest(
+        command=Command(argv=("python", "train.py", "--lr", "0.1"), cwd="/home/ci/repo"),
+        source=Source(
+            kind="git",
+            commit="0123456789abcdef0123456789abcdef01234567",
+            branch="main",
+            remote="https://github.com/acme/repo.git",
+            diff=store.put_bytes(b"diff --git a/train.py b/train.py\n"),
+        ),
+        failure=Failure.model_validate(fields),
+        environment=Environment(
+            python="3.11.7",
+            implementation="CPython",
+            platform="Linux",
+            machine="x86_64",
+            packages=("flaketriage==0.1.0", "numpy==1.26.4", "requests==2.31.0", "torch==2.3.0+cu121"),
+        ),
+        hardware=Hardware(
+            host="gpu-runner-7",
+            gpus=(GPU(index=0, name="NVIDIA A100"), GPU(index=1, name="NVIDIA A100")),
+            cuda_version="12.1",
+            driver_version="535.104",
+        ),
+        logs={"stderr": store.put_bytes(stderr.encode()), "stdout": store.put_bytes(b"ok\n")},
+        provenance=Provenance(
+            ci_provider="github-actions",
+            run_url=RUN_URL,
+            job="train",
+            attempt="2",
+        ),
+    )
+
+
+def deterministic() -> VerdictResult:
+    return VerdictResult(
+        verdict=Verdict.DETERMINISTIC,
+        decided=True,
+        replays=5,
+        reproductions=5,
+        passes=0,
+        different=0,
+        rate=RateInterval(estimate=1.0, low=0.4782, high=1.0),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def test_render_has_every_section_with_its_evidence(store: LocalStore) -> None:
+    manifest = issue_manifest(store)
+    minimal = manifest.model_copy(
+        update={
+            "command": Command(argv=("python", "train.py", "--lr", "1"), cwd="/home/ci/repo"),
+            "data": (DataInput(path="data/train.csv", format="csv", items=3),),
+            "minimization": Minimization(
+                data={"data/train.csv": (3, 1000)}, args={"--lr": ("0.1", "1")}, oracle_calls=17
+            ),
+            "parent": "p" * 64,
+        }
+    )
+    draft = render_issue(
+        store,
+        manifest,
+        "1" * 64,
+        deterministic(),
+        minimal=minimal,
+        minimal_bundle_id="2" * 64,
+        store_location="s3://bundles/flaky",
+        findings=["replay 3 failed with RuntimeError: CUDA error (fingerprint cdcd...)"],
+    )
+    body = draft.body
+    assert draft.title == "[flaketriage] ZeroDivisionError: division by zero in train.py"
+    assert draft.labels == ("flaketriage", "deterministic")
+    assert (draft.fingerprint, draft.verdict) == (FP, "deterministic")
+    assert (draft.bundle_id, draft.minimal_bundle_id) == ("1" * 64, "2" * 64)
+    assert "**Verdict: deterministic**" in body
+    assert "reproduced in 5 of 5 replays" in body
+    assert "reproduction rate 100.0% (95% interval 47.8%–100.0%)" in body
+    assert "decided by the sequential test" in body
+    assert f"Fingerprint: `{FP}`" in body
+    assert "`ZeroDivisionError|train.py:main`" in body
+    # The failure: traceback fenced, and exactly the last 30 lines of stderr.
+    assert "```pytb\n" + TRACEBACK.rstrip() + "\n```" in body
+    assert "stderr line 99" in body and "stderr line 70" in body
+    assert "stderr line 69\n" not in body
+    assert "## Other findings\n\n- replay 3 failed with RuntimeError" in body
+    # Environment.
+    for row in (
+        "| Python | 3.11.7 (CPython) |",
+        "| Platform | Linux x86_64 |",
+        "| torch | 2.3.0+cu121 |",
+        "| numpy | 1.26.4 |",
+        "| GPUs | 2 × NVIDIA A100 |",
+        "| CUDA | CUDA 12.1 / driver 535.104 |",
+        "| Host | gpu-runner-7 |",
+        "| CI | github-actions, job train, attempt 2 |",
+        f"| CI run | [{RUN_URL}]({RUN_URL}) |",
+    ):
+        assert row in body
+    assert "| requests |" not in body  # only the packages that explain numeric failures
+    # Source.
+    assert "| Commit | `0123456789abcdef0123456789abcdef01234567` |" in body
+    assert "| Branch | main |" in body and "| Remote | https://github.com/acme/repo.git |" in body
+    assert "| Uncommitted changes | yes (" in body
+    # Minimal reproduction and how to fetch the bundle.
+    assert "- `data/train.csv`: kept 3 of 1000 rows" in body
+    assert "- `--lr`: `0.1` → `1`" in body
+    assert "Minimized command: `python train.py --lr 1` (found in 17 replays)" in body
+    assert f"flaketriage bundle export {'2' * 64} repro && cd repro && bash run.sh" in body
+    assert f"flaketriage triage {'1' * 64}" in body
+    assert "export FLAKETRIAGE_STORE=s3://bundles/flaky" in body
+    assert f"flaketriage bundle show {'1' * 64}" in body
+    order = ["**Verdict", "## Failure", "## Other findings", "## Environment", "## Source"]
+    order += ["## Minimal reproduction", "## Bundle"]
+    positions = [body.index(heading) for heading in order]
+    assert positions == sorted(positions)
+
+
+def test_render_flaky_undecided_environment_specific_without_minimization(store: LocalStore) -> None:
+    result = VerdictResult(
+        verdict=Verdict.FLAKY,
+        decided=False,
+        replays=7,
+        reproductions=3,
+        passes=3,
+        different=1,
+        rate=RateInterval(estimate=3 / 7, low=0.099, high=0.816),
+    )
+    draft = render_issue(
+        store,
+        issue_manifest(store),
+        "1" * 64,
+        result,
+        minimal=None,
+        minimal_bundle_id=None,
+        environment_specific=True,
+    )
+    assert draft.labels == ("flaketriage", "flaky", "suspected-environment")
+    assert "reproduced in 3 of 7 replays (3 passed, 1 failed differently)" in draft.body
+    assert "reproduction rate 42.9% (95% interval 9.9%–81.6%)" in draft.body
+    assert "**undecided**" in draft.body
+    assert "Suspected environment-specific" in draft.body
+    assert "was not minimized" in draft.body
+    assert f"flaketriage bundle export {'1' * 64} repro" in draft.body
+    assert f"export FLAKETRIAGE_STORE={store.location}" in draft.body  # defaults to the store's own
+
+
+def test_render_survives_a_missing_stderr_blob_and_backticks_in_the_traceback(tmp_path: Path) -> None:
+    full = LocalStore(tmp_path / "full")
+    manifest = issue_manifest(full, traceback="Traceback:\n  ```weird``` frame\nValueError: x")
+    empty = LocalStore(tmp_path / "empty")
+    draft = render_issue(empty, manifest, "1" * 64, deterministic(), minimal=None, minimal_bundle_id=None)
+    assert "_The stderr log could not be read:" in draft.body
+    assert "````pytb\nTraceback:\n  ```weird``` frame\nValueError: x\n````" in draft.body
+
+
+@pytest.mark.parametrize(
+    ("failure", "argv", "expected"),
+    [
+        (
+            {"kind": "exit", "exit_code": 3, "exception_type": None, "message": None, "traceback": None},
+            ("bash", "ci/train.sh", "--fast"),
+            "[flaketriage] exit 3 in bash ci/train.sh --fast",
+        ),
+        (
+            {"kind": "test", "test_id": "tests/test_model.py::test_grad[cuda]",
+             "exception_type": "AssertionError", "message": "assert 0.5 < 0.1\n where",
+             "traceback": None},
+            ("pytest", "tests"),
+            "[flaketriage] AssertionError: assert 0.5 < 0.1 in tests/test_model.py::test_grad[cuda]",
+        ),
+        (
+            {"kind": "signal", "signal": "SIGSEGV", "exception_type": None, "message": None,
+             "traceback": None},
+            ("python", "train.py"),
+            "[flaketriage] killed by SIGSEGV in python train.py",
+        ),
+    ],
+)  # fmt: skip
+def test_title_names_the_test_or_command_when_there_is_no_python_frame(
+    store: LocalStore, failure: dict[str, object], argv: tuple[str, ...], expected: str
+) -> None:
+    manifest = issue_manifest(store, **failure).model_copy(
+        update={"command": Command(argv=argv, cwd="/home/ci/repo")}
+    )
+    assert issue_title(manifest) == expected
+
+
+def test_title_is_clipped_to_120_characters_keeping_where(store: LocalStore) -> None:
+    manifest = issue_manifest(store, message="shapes do not match: " + "x" * 300)
+    title = issue_title(manifest)
+    assert len(title) <= 120
+    assert title.startswith("[flaketriage] ZeroDivisionError: shapes do not match: xxx")
+    assert title.endswith("… in train.py")
+
+
+# -- sinks ----------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(hours=1)
+        return self.now
+
+
+def draft(bundle: str, body: str = "evidence", fingerprint: str = FP) -> IssueDraft:
+    return IssueDraft(
+        fingerprint=fingerprint,
+        title="[flaketriage] ZeroDivisionError: division by zero in train.py",
+        body=f"**Verdict: flaky**\n\n{body}\n",
+        labels=("flaketriage", "flaky"),
+        bundle_id=bundle,
+        minimal_bundle_id=None,
+        verdict="flaky",
+    )
+
+
+@pytest.fixture(params=["markdown", "memory"])
+def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[IssueSink]:
+    clock = Clock()
+    yield (
+        MarkdownIssueSink(tmp_path / "issues", clock=clock)
+        if request.param == "markdown"
+        else (MemoryIssueSink(clock=clock))
+    )
+
+
+def test_a_recurring_failure_updates_its_one_issue(sink: IssueSink) -> None:
+    assert sink.find(FP) is None and sink.get(FP) is None
+    first = sink.upsert(draft("a" * 64, "first evidence"))
+    assert first.created and first.kind == sink.kind
+    second = sink.upsert(draft("b" * 64, "second evidence"))
+    again = sink.upsert(draft("b" * 64, "third evidence"))
+    assert not second.created and not again.created
+    assert first.location == second.location == again.location
+    assert sink.find(FP) == again
+    record = sink.get(FP)
+    assert record is not None
+    assert record.occurrences == 3
+    assert record.bundles == ("a" * 64, "b" * 64)  # each bundle listed once
+    assert record.created_at == datetime(2024, 5, 1, 13, 0, tzinfo=UTC)  # first seen is kept
+    assert record.updated_at == datetime(2024, 5, 1, 15, 0, tzinfo=UTC)
+    assert "third evidence" in record.body and "first evidence" not in record.body
+
+
+def test_another_fingerprint_gets_its_own_issue(sink: IssueSink) -> None:
+    one = sink.upsert(draft("a" * 64))
+    other = sink.upsert(draft("a" * 64, fingerprint="cd" * 32))
+    assert one.created and other.created and one.location != other.location
+
+
+def test_sinks_refuse_a_fingerprint_that_is_not_hex(sink: IssueSink) -> None:
+    with pytest.raises(ReportError, match="not a failure fingerprint"):
+        sink.upsert(draft("a" * 64, fingerprint="../../etc/passwd"))
+
+
+def test_markdown_issue_file_reads_as_markdown_and_parses_back(tmp_path: Path) -> None:
+    sink = MarkdownIssueSink(tmp_path / "issues", clock=Clock())
+    ref = sink.upsert(draft("a" * 64, "a body with -- dashes --> and `code`"))
+    sink.upsert(draft("b" * 64, "a body with -- dashes --> and `code`"))
+    path = tmp_path / "issues" / f"{FP[:16]}.md"
+    assert ref.location == str(path)
+    text = path.read_text()
+    assert text.startswith(
+        "# [flaketriage] ZeroDivisionError: division by zero in train.py\n\n<!-- flaketriage-issue {"
+    )
+    assert "seen 2 times" in text and "First seen 2024-05-01 13:00 UTC" in text
+    assert text.rstrip().endswith(f"## Occurrences\n\n1. `{'a' * 64}`\n2. `{'b' * 64}`")
+    record = IssueRecord.parse(text, "the file")
+    assert record.body == "**Verdict: flaky**\n\na body with -- dashes --> and `code`"
+    assert (record.fingerprint, record.occurrences) == (FP, 2)
+    assert sorted(p.name for p in path.parent.iterdir()) == [".flaketriage-issues.lock", path.name]
+
+
+def test_markdown_issue_without_metadata_is_reported_not_overwritten(tmp_path: Path) -> None:
+    sink = MarkdownIssueSink(tmp_path)
+    path = tmp_path / f"{FP[:16]}.md"
+    path.write_text("# someone's notes\n")
+    with pytest.raises(ReportError, match=f"{path}.*no flaketriage metadata comment"):
+        sink.upsert(draft("a" * 64))
+    path.write_text("<!-- flaketriage-issue {not json} -->\n")
+    with pytest.raises(ReportError, match="damaged flaketriage metadata"):
+        sink.upsert(draft("a" * 64))
+    assert path.read_text() == "<!-- flaketriage-issue {not json} -->\n"
+
+
+def test_markdown_sink_refuses_a_file_of_another_fingerprint(tmp_path: Path) -> None:
+    sink = MarkdownIssueSink(tmp_path)
+    sink.upsert(draft("a" * 64))
+    twin = FP[:16] + "cd" * 24
+    with pytest.raises(ReportError, match="collide"):
+        sink.upsert(draft("b" * 64, fingerprint=twin))
+
+
+def test_markdown_sink_names_an_unwritable_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ReportError, match="FLAKETRIAGE_ISSUES_DIR"):
+        MarkdownIssueSink(blocker / "issues").upsert(draft("a" * 64))
+
+
+_UPSERTS = """
+import sys
+from pathlib import Path
+from flaketriage.workers.report import IssueDraft, MarkdownIssueSink
+sink = MarkdownIssueSink(Path(sys.argv[1]))
+for i in range(int(sys.argv[3])):
+    sink.upsert(IssueDraft(fingerprint=sys.argv[4], title="t", body="b", labels=("flaketriage",),
+                           bundle_id=f"{sys.argv[2]}-{i}", minimal_bundle_id=None, verdict="flaky"))
+"""
+
+
+def test_concurrent_processes_never_lose_an_occurrence(tmp_path: Path) -> None:
+    root = Path(flaketriage.__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _UPSERTS, str(tmp_path), f"w{n}", "15", FP], env=env)
+        for n in range(4)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    record = MarkdownIssueSink(tmp_path).get(FP)
+    assert record is not None
+    assert record.occurrences == 60
+    assert len(record.bundles) == 60
+
+
+def test_memory_sink_keeps_records_by_fingerprint() -> None:
+    sink = MemoryIssueSink()
+    ref = sink.upsert(draft("a" * 64))
+    assert (ref.kind, ref.location, ref.created) == ("memory", f"memory:{FP[:16]}", True)
+    assert list(sink.issues) == [FP]
