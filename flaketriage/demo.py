@@ -93,14 +93,23 @@ def _write_project(root: Path, rows: int = 400, poisoned: int = 137) -> None:
     (root / "data" / "train.csv").write_text("\n".join(lines) + "\n")
     if shutil.which("git"):
         git = ["git", "-c", "user.name=flaketriage demo", "-c", "user.email=demo@example.invalid"]
-        for args in (["init", "-q"], ["add", "train.py", "test_flaky.py", ".gitignore"], ["commit", "-qm", "demo"]):
+        for args in (
+            ["init", "-q"],
+            ["add", "train.py", "test_flaky.py", ".gitignore"],
+            ["commit", "-qm", "demo"],
+        ):
             subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
 
 
 def _flaketriage(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FLAKETRIAGE_STORE": str(root / ".flaketriage")}
     return subprocess.run(
-        [sys.executable, "-m", "flaketriage", *args], cwd=root, env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "flaketriage", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -127,7 +136,16 @@ def run_demo(keep: bool = True) -> Path:
 
     out.print("1. capture the training run (one poisoned row drives the loss to inf)")
     cap = _flaketriage(
-        root, "capture", "--json", "--data", "data/train.csv", "--", sys.executable, "train.py", "--steps", "200"
+        root,
+        "capture",
+        "--json",
+        "--data",
+        "data/train.csv",
+        "--",
+        sys.executable,
+        "train.py",
+        "--steps",
+        "200",
     )
     train_bundle = str(_last_json(cap, "capture")["bundle"])
     out.print(f"   captured bundle {train_bundle[:12]}")
@@ -135,8 +153,19 @@ def run_demo(keep: bool = True) -> Path:
     out.print("2. capture the flaky test (rerun until it fails once)")
     test_bundle = None
     for _attempt in range(60):
-        cap = _flaketriage(root, "capture", "--json", "--", sys.executable, "-m", "pytest", "-q", "-p",
-                           "no:cacheprovider", "test_flaky.py")
+        cap = _flaketriage(
+            root,
+            "capture",
+            "--json",
+            "--",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test_flaky.py",
+        )
         result = _last_json(cap, "capture")
         if result["bundle"]:
             test_bundle = str(result["bundle"])

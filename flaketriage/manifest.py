@@ -186,7 +186,7 @@ class Minimization(_Model):
 class Manifest(_Model):
     """Everything needed to reproduce one failure."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     kind: Literal["command", "test", "training"] = "command"
     command: Command

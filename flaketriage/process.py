@@ -5,6 +5,7 @@ Shared by capture (the original run, echoed live) and replay (the sandboxed reru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -119,10 +120,8 @@ def run_command(
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
         description="Address-space limit of one replay in MiB (none by default).",
     )
     max_replays: int = Field(default=100, ge=1, description="Upper bound on replays for one verdict.")
+    flaky_rate_replays: int = Field(
+        default=20,
+        ge=0,
+        description="After a flaky verdict, replays continue until this many in all, to narrow the "
+        "failure-rate interval (0: stop at the decision).",
+    )
     min_flaky_rate: float = Field(
         default=0.05,
         gt=0,

@@ -13,7 +13,9 @@ from flaketriage.store import Store
 
 def store_file(store: Store, path: Path, name: str) -> FileEntry:
     ref = store.put_file(path)
-    return FileEntry(path=Path(name).as_posix(), sha256=ref.sha256, size=ref.size, executable=os.access(path, os.X_OK))
+    return FileEntry(
+        path=Path(name).as_posix(), sha256=ref.sha256, size=ref.size, executable=os.access(path, os.X_OK)
+    )
 
 
 def store_dir(store: Store, root: Path) -> list[FileEntry]:

@@ -17,12 +17,12 @@ from typing import Literal
 from flaketriage.bundle import write_bundle
 from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
-from flaketriage.ci.redaction import Redactor
 from flaketriage.ci.source import SourceLimits, capture_source, git_root
 from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
 from flaketriage.manifest import BlobRef, Command, Failure, FailureCriteria, Manifest, Seeds
 from flaketriage.process import ProcessResult, run_command
+from flaketriage.redaction import Redactor
 from flaketriage.store import Store
 from flaketriage.trees import relative_to_cwd, store_data_input
 
@@ -36,7 +36,7 @@ class CaptureRequest:
     argv: Sequence[str]
     cwd: Path
     limits: SourceLimits
-    criteria: FailureCriteria = FailureCriteria()
+    criteria: FailureCriteria = field(default_factory=FailureCriteria)
     data: Sequence[Path] = ()
     seed_env: Sequence[str] = ()
     snapshot: bool = False

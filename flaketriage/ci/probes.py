@@ -15,6 +15,9 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from flaketriage.manifest import GPU, Environment, Hardware
 
@@ -130,9 +133,9 @@ def _nvml_gpus() -> tuple[list[GPU], str | None, str | None] | None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            util = _nvml(lambda h=handle: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            power = _nvml(lambda h=handle: pynvml.nvmlDeviceGetPowerUsage(h) / 1000)
-            temp = _nvml(lambda h=handle: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+            util = _nvml(partial(lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, handle))
+            power = _nvml(partial(lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000, handle))
+            temp = _nvml(partial(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU))
             name = pynvml.nvmlDeviceGetName(handle)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             gpus.append(
@@ -156,9 +159,9 @@ def _nvml_gpus() -> tuple[list[GPU], str | None, str | None] | None:
             pynvml.nvmlShutdown()
 
 
-def _nvml(fn: object) -> object:
+def _nvml(fn: Callable[[], Any]) -> Any:
     try:
-        return fn()  # type: ignore[operator]
+        return fn()
     except Exception:  # a field a GPU does not support must not lose the others
         return None
 

@@ -68,7 +68,9 @@ def _show(manifest: Manifest) -> None:
     else:
         rows.append(("source", f"{src.kind}, {len(src.files)} files"))
     seeds = manifest.seeds
-    seed_text = f"PYTHONHASHSEED={seeds.python_hash_seed}" + (" (chosen)" if seeds.python_hash_seed_chosen else "")
+    seed_text = f"PYTHONHASHSEED={seeds.python_hash_seed}" + (
+        " (chosen)" if seeds.python_hash_seed_chosen else ""
+    )
     seed_text += "".join(f", {k}={v}" for k, v in {**seeds.env, **seeds.values}.items())
     rows.append(("seeds", seed_text))
     for d in manifest.data:
@@ -79,7 +81,9 @@ def _show(manifest: Manifest) -> None:
     gpus = ", ".join(g.name for g in hw.gpus) or "none"
     rows.append(("hardware", f"{hw.cpu_model or '?'} ×{hw.cpu_count or '?'}, GPUs: {gpus}"))
     prov = manifest.provenance
-    rows.append(("provenance", " ".join(x for x in (prov.ci_provider, prov.run_url, prov.job, prov.host) if x)))
+    rows.append(
+        ("provenance", " ".join(x for x in (prov.ci_provider, prov.run_url, prov.job, prov.host) if x))
+    )
     if manifest.parent:
         rows.append(("parent", manifest.parent))
     if manifest.minimization:
@@ -97,8 +101,11 @@ def _show(manifest: Manifest) -> None:
 
 
 @app.command("show")
-def show_command(bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")], store: StoreOption = None,
-                 as_json: JsonOption = False) -> None:
+def show_command(
+    bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")],
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Show a readable summary of one bundle."""
     manifest = load_manifest(_readonly_store(store), bundle)
     if as_json:
@@ -108,8 +115,9 @@ def show_command(bundle: Annotated[str, typer.Argument(help="Bundle id or unique
 
 
 @app.command("verify")
-def verify_command(bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")],
-                   store: StoreOption = None) -> None:
+def verify_command(
+    bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")], store: StoreOption = None
+) -> None:
     """Re-hash the manifest and every blob of a bundle; exit 1 when anything is wrong."""
     report = verify_bundle(_readonly_store(store), bundle)
     if report.ok:

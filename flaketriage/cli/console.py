@@ -20,7 +20,9 @@ err = Console(stderr=True, highlight=False)
 
 StoreOption = Annotated[
     Path | None,
-    typer.Option("--store", help="Store directory (default: ./.flaketriage, or FLAKETRIAGE_STORE).", show_default=False),
+    typer.Option(
+        "--store", help="Store directory (default: ./.flaketriage, or FLAKETRIAGE_STORE).", show_default=False
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 

@@ -13,12 +13,15 @@ from flaketriage.cli.console import JsonOption, StoreOption, err, out, progress_
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
 from flaketriage.process import shell_exit_code
-from flaketriage.settings import Settings
 from flaketriage.store import LocalStore
 
 
 def criteria_from_options(
-    fail_patterns: list[str], metric: str | None, above: float | None, below: float | None, metrics_file: str | None
+    fail_patterns: list[str],
+    metric: str | None,
+    above: float | None,
+    below: float | None,
+    metrics_file: str | None,
 ) -> FailureCriteria:
     import re
 
@@ -50,7 +53,9 @@ def capture(
     metric: Annotated[str | None, typer.Option(help="A metric read from `NAME=value` output lines.")] = None,
     above: Annotated[float | None, typer.Option(help="Fail when the metric goes above this.")] = None,
     below: Annotated[float | None, typer.Option(help="Fail when the metric goes below this.")] = None,
-    metrics_file: Annotated[str | None, typer.Option(help="JSON / JSON Lines metrics file (cwd-relative).")] = None,
+    metrics_file: Annotated[
+        str | None, typer.Option(help="JSON / JSON Lines metrics file (cwd-relative).")
+    ] = None,
     seed_env: Annotated[
         list[str] | None, typer.Option("--seed-env", help="Record this environment variable as a seed.")
     ] = None,
@@ -82,24 +87,29 @@ def capture(
     if result.failure is not None and code == 0:
         code = 1  # a pattern or metric failure must fail the CI step too
     if result.bundle_id:
-        err.print(f"flaketriage: captured bundle {result.bundle_id} ({result.failure.kind if result.failure else ''})")
+        kind = result.failure.kind if result.failure else ""
+        err.print(f"flaketriage: captured bundle {result.bundle_id} ({kind})")
     if as_json:
         sys.stdout.flush()
-        print(json.dumps({
-            "bundle": result.bundle_id,
-            "exit_code": code,
-            "fingerprint": result.failure.fingerprint if result.failure else None,
-        }))
+        print(
+            json.dumps(
+                {
+                    "bundle": result.bundle_id,
+                    "exit_code": code,
+                    "fingerprint": result.failure.fingerprint if result.failure else None,
+                }
+            )
+        )
     raise typer.Exit(code)
-
-
 
 
 def triage(
     bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")],
     store: StoreOption = None,
     as_json: JsonOption = False,
-    minimize: Annotated[bool, typer.Option(help="Reduce data and integer knobs of a reproducible failure.")] = False,
+    minimize: Annotated[
+        bool, typer.Option(help="Reduce data and integer knobs of a reproducible failure.")
+    ] = False,
     max_replays: Annotated[int | None, typer.Option(min=1, help="Upper bound on replays.")] = None,
     sandbox: Annotated[str | None, typer.Option(help="auto, bwrap or process.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Wall-clock limit per replay, seconds.")] = None,
@@ -122,6 +132,7 @@ def triage(
         max_rate=settings.max_flaky_rate,
         alpha=settings.alpha,
         max_replays=max_replays or settings.max_replays,
+        flaky_rate_replays=settings.flaky_rate_replays,
     )
     with progress_bar() as bar:
         task = bar.add_task("replaying", total=policy.max_replays)
@@ -159,7 +170,9 @@ def triage(
     if result.minimized:
         kept = ", ".join(f"{p}: kept {v['kept']} of {v['of']}" for p, v in data["minimal"]["data"].items())
         args = ", ".join(f"{a} {v['from']}→{v['to']}" for a, v in data["minimal"]["args"].items())
-        out.print(f"minimal bundle {result.minimized.bundle_id[:12]}: {'; '.join(x for x in (kept, args) if x)}")
+        out.print(
+            f"minimal bundle {result.minimized.bundle_id[:12]}: {'; '.join(x for x in (kept, args) if x)}"
+        )
     if result.minimize_error:
         out.print(f"[yellow]not minimized:[/yellow] {result.minimize_error}")
     report = data["report"]

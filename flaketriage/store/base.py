@@ -8,7 +8,6 @@ key. Refs are small mutable documents (the bundle index) that backends list by p
 from __future__ import annotations
 
 import hashlib
-
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,5 +164,3 @@ class Store(ABC):
         """Copy one verified blob into another store."""
         if not other.has(key):
             other.put_bytes(self.get_bytes(key))
-
-

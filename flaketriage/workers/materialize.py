@@ -53,7 +53,8 @@ def _checkout(manifest: Manifest, dest: Path) -> None:
             errors.append(str(exc))
             shutil.rmtree(dest, ignore_errors=True)
     raise SandboxError(
-        f"cannot check out commit {src.commit}: " + "; ".join(errors or ["the bundle names no repository"])
+        f"cannot check out commit {src.commit}: "
+        + "; ".join(errors or ["the bundle names no repository"])
         + ". Replay where the repository (or its remote) is reachable, or capture with --snapshot"
     )
 

@@ -112,7 +112,9 @@ class Minimizer:
         return False
 
     def run(self) -> MinimizeResult:
-        subsets: dict[str, list[int]] = {d.path: list(range(d.items)) for d in self.manifest.data if d.reducible}
+        subsets: dict[str, list[int]] = {
+            d.path: list(range(d.items)) for d in self.manifest.data if d.reducible
+        }
         argv = list(self.manifest.command.argv)
         for data in self.manifest.data:
             if not data.reducible or data.items <= 1:
@@ -127,8 +129,8 @@ class Minimizer:
         for knob in find_knobs(argv):
             self.progress(f"lowering {knob.flag} from {knob.value}")
 
-            def knob_fails(value: int, knob: Knob = knob) -> bool:
-                return self.fails(Variant(data=subsets, argv=knob.apply(argv, value)))
+            def knob_fails(value: int, knob: Knob = knob, base: list[str] = argv) -> bool:
+                return self.fails(Variant(data=subsets, argv=knob.apply(base, value)))
 
             best, _calls = minimize_integer(knob.value, knob_fails)
             if best < knob.value:
@@ -190,6 +192,6 @@ class Minimizer:
         )
 
     def _put_text(self, text: str) -> BlobRef:
-        from flaketriage.ci.redaction import Redactor
+        from flaketriage.redaction import Redactor
 
         return self.store.put_bytes(Redactor().redact_text(text).encode())

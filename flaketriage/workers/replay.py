@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaketriage.ci.redaction import MASK
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
 from flaketriage.manifest import Manifest
 from flaketriage.process import ProcessResult
+from flaketriage.redaction import MASK
 from flaketriage.store import Store
 from flaketriage.workers.materialize import Workspace, materialize
 from flaketriage.workers.sandbox import Sandbox, SandboxSpec

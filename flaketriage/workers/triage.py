@@ -83,9 +83,9 @@ class TriageResult:
 ProgressFn = Callable[[str, int, int], None]
 
 
-def decide(replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None) -> tuple[
-    VerdictResult, list[Finding]
-]:
+def decide(
+    replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None
+) -> tuple[VerdictResult, list[Finding]]:
     """Replay until the sequential test decides (or `policy.max_replays` runs)."""
     test = SequentialTest(policy)
     findings: dict[str, Finding] = {}
@@ -98,9 +98,13 @@ def decide(replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | Non
             old = findings.get(f.fingerprint)
             summary = f"{f.exception_type}: {f.message}" if f.exception_type else (f.detail or f.kind)
             findings[f.fingerprint] = Finding(
-                fingerprint=f.fingerprint, kind=f.kind, summary=summary[:200], count=(old.count if old else 0) + 1
+                fingerprint=f.fingerprint,
+                kind=f.kind,
+                summary=summary[:200],
+                count=(old.count if old else 0) + 1,
             )
-        if test.add(result.outcome) is not None:
+        test.add(result.outcome)
+        if test.done:
             break
     return test.result(), list(findings.values())
 
@@ -134,7 +138,10 @@ def triage(
         if minimize and should_minimize(manifest, verdict):
             try:
                 minimizer = Minimizer(
-                    store, replayer, bundle_id, verdict.rate.estimate,
+                    store,
+                    replayer,
+                    bundle_id,
+                    verdict.rate.estimate,
                     progress=(lambda msg: progress(msg, 0, 0)) if progress else None,
                 )
                 result.minimized = minimizer.run()
@@ -145,7 +152,11 @@ def triage(
 
 
 def report(
-    store: Store, manifest: Manifest, result: TriageResult, sink: IssueSink | None, quarantine: Quarantine | None
+    store: Store,
+    manifest: Manifest,
+    result: TriageResult,
+    sink: IssueSink | None,
+    quarantine: Quarantine | None,
 ) -> ReportRef | None:
     """An issue for a deterministic failure, a quarantine entry for a flaky one."""
     v = result.verdict

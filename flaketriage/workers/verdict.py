@@ -20,6 +20,9 @@ promise; the sequential test stops after 5 for a deterministic failure and after
 one. With the defaults every sequence decides by replay 59; ``max_replays`` (100) only caps
 policies configured to need more, and a test that hits it reports its best guess as undecided.
 
+A flaky verdict is certain at its first mixed outcome, but a rate from two replays says little, so
+replays go on to ``flaky_rate_replays`` (20) in all to narrow the interval (0 stops at once).
+
 Every verdict carries the reproduction rate (reproductions / replays) with an exact 95%
 Clopper–Pearson interval.
 """
@@ -99,6 +102,9 @@ class VerdictPolicy:
     alpha: float = 0.05
     max_replays: int = 100
     confidence: float = 0.95
+    flaky_rate_replays: int = 20
+    """After a flaky verdict, replays go on until this many in all, only to narrow the rate interval
+    (the verdict itself is already certain); 0 stops at the decision."""
 
     def __post_init__(self) -> None:
         _check_probability("min_rate", self.min_rate, "the rarest flaky failure rate to detect")
@@ -177,8 +183,12 @@ class SequentialTest:
 
     @property
     def done(self) -> bool:
-        """True once decided or once ``max_replays`` outcomes were added: stop replaying."""
-        return self.decided is not None or self.replays >= self.policy.max_replays
+        """True once decided (and, for flaky, the rate sampled) or ``max_replays`` were added."""
+        if self.replays >= self.policy.max_replays:
+            return True
+        if self.decided is Verdict.FLAKY:
+            return self.replays >= self.policy.flaky_rate_replays
+        return self.decided is not None
 
     def add(self, outcome: Outcome) -> Verdict | None:
         """Count one replay's outcome; return the verdict if there is one now, else None."""

@@ -12,7 +12,9 @@ from flaketriage.manifest import BlobRef, Manifest
 from flaketriage.store import LocalStore, Store
 
 
-def test_write_refuses_manifest_with_missing_blobs(store: Store, make_manifest: Callable[..., Manifest]) -> None:
+def test_write_refuses_manifest_with_missing_blobs(
+    store: Store, make_manifest: Callable[..., Manifest]
+) -> None:
     m = make_manifest(logs={"stdout": BlobRef(sha256="1" * 64, size=3)})
     with pytest.raises(BundleError, match="missing"):
         write_bundle(store, m)
@@ -55,7 +57,9 @@ def test_list_is_newest_first(store: Store, make_manifest: Callable[..., Manifes
     assert listed[0].failure == "ZeroDivisionError: division by zero"
 
 
-def test_verify_reports_corrupt_and_missing_blobs(tmp_path: Path, make_manifest: Callable[..., Manifest]) -> None:
+def test_verify_reports_corrupt_and_missing_blobs(
+    tmp_path: Path, make_manifest: Callable[..., Manifest]
+) -> None:
     st = LocalStore(tmp_path)
     good = st.put_bytes(b"stdout text" * 100)
     bad = st.put_bytes(b"stderr text" * 100)

@@ -20,7 +20,9 @@ def test_bundle_id_is_sha256_of_canonical_json(make_manifest: Callable[..., Mani
 
 
 def test_round_trip_preserves_the_id(make_manifest: Callable[..., Manifest]) -> None:
-    m = make_manifest(data=(DataInput(path="d.csv", format="csv", items=3, blob=BlobRef(sha256="c" * 64, size=9)),))
+    m = make_manifest(
+        data=(DataInput(path="d.csv", format="csv", items=3, blob=BlobRef(sha256="c" * 64, size=9)),)
+    )
     again = Manifest.from_json(m.canonical_json())
     assert again == m
     assert again.bundle_id == m.bundle_id
@@ -34,7 +36,9 @@ def test_blobs_lists_every_referenced_blob_once(make_manifest: Callable[..., Man
     shared = "e" * 64
     m = make_manifest(
         source=Source(kind="snapshot", files=(FileEntry(path="a.py", sha256=shared, size=1),)),
-        data=(DataInput(path="d", format="dir", items=1, files=(FileEntry(path="x", sha256=shared, size=1),)),),
+        data=(
+            DataInput(path="d", format="dir", items=1, files=(FileEntry(path="x", sha256=shared, size=1),)),
+        ),
         logs={"stdout": BlobRef(sha256="f" * 64, size=0)},
     )
     assert sorted(b.sha256 for b in m.blobs()) == [shared, "f" * 64]

@@ -32,7 +32,7 @@ def test_identical_content_is_stored_once(store: Store) -> None:
 
 
 def test_missing_object_is_a_clear_error(store: Store) -> None:
-    with pytest.raises(ObjectNotFoundError, match="0{64}"):
+    with pytest.raises(ObjectNotFoundError, match=r"0{64}"):
         store.get_bytes("0" * 64)
 
 

@@ -43,13 +43,19 @@ class Project:
         )
 
     def run_json(self, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-        proc = self.run(*args, "--json", env=env) if "--" not in args else self.run(*_json_before_dashes(args), env=env)
+        proc = (
+            self.run(*args, "--json", env=env)
+            if "--" not in args
+            else self.run(*_json_before_dashes(args), env=env)
+        )
         lines = proc.stdout.strip().splitlines()
         assert lines, f"no output\nstdout:{proc.stdout}\nstderr:{proc.stderr}"
         try:
             data: dict[str, Any] = json.loads(lines[-1])
         except ValueError:
-            raise AssertionError(f"last line is not JSON\nstdout:{proc.stdout}\nstderr:{proc.stderr}") from None
+            raise AssertionError(
+                f"last line is not JSON\nstdout:{proc.stdout}\nstderr:{proc.stderr}"
+            ) from None
         data["_exit"] = proc.returncode
         data["_stderr"] = proc.stderr
         return data

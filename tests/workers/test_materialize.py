@@ -19,7 +19,11 @@ GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
 
 def _capture(root: Path, store: LocalStore, **kw: object) -> str:
     request = CaptureRequest(
-        argv=[sys.executable, "-c", "raise SystemExit(5)"], cwd=root, limits=LIMITS, echo=False, **kw  # type: ignore[arg-type]
+        argv=[sys.executable, "-c", "raise SystemExit(5)"],
+        cwd=root,
+        limits=LIMITS,
+        echo=False,
+        **kw,  # type: ignore[arg-type]
     )
     result = run_and_capture(store, request)
     assert result.bundle_id

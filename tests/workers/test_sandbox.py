@@ -38,7 +38,11 @@ def test_runs_in_the_workspace_and_reports_exit_and_output(sandbox: Sandbox, tmp
 
 
 def test_wall_clock_limit_kills_the_whole_group(sandbox: Sandbox, tmp_path: Path) -> None:
-    code = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); time.sleep(60)"
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "time.sleep(60)"
+    )
     result = sandbox.run(_spec(tmp_path, code, timeout_s=1.0))
     assert result.timed_out
     assert result.duration_s < 10

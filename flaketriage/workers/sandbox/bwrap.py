@@ -49,4 +49,6 @@ class BubblewrapSandbox(Sandbox):
         return argv + list(spec.argv)
 
     def run(self, spec: SandboxSpec) -> ProcessResult:
-        return run_command(self.command(spec), spec.cwd, spec.env, spec.timeout_s, preexec=limits_preexec(spec))
+        return run_command(
+            self.command(spec), spec.cwd, spec.env, spec.timeout_s, preexec=limits_preexec(spec)
+        )

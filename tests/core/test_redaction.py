@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from flaketriage.ci.redaction import MASK, MIN_SECRET_LEN, Redactor
 from flaketriage.errors import ConfigError
+from flaketriage.redaction import MASK, MIN_SECRET_LEN, Redactor
 
 ALNUM = string.ascii_letters + string.digits
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -31,10 +31,14 @@ GITHUB = _whole(st.builds(lambda p, t: p + t, st.sampled_from(["ghp_", "gho_", "
 GITHUB_PAT = _whole(_s(ALNUM + "_", 82).map(lambda t: "github_pat_" + t))
 AWS = _whole(st.builds(lambda p, t: p + t, st.sampled_from(["AKIA", "ASIA"]), _s(UPPER_DIGITS, 16)))
 SLACK = _whole(
-    st.builds(lambda k, a, b: f"xox{k}-{a}-{b}", st.sampled_from("baprs"), _s(string.digits, 12), _s(ALNUM, 24))
+    st.builds(
+        lambda k, a, b: f"xox{k}-{a}-{b}", st.sampled_from("baprs"), _s(string.digits, 12), _s(ALNUM, 24)
+    )
 )
 JWT = _whole(
-    st.builds(lambda a, b, c: f"eyJ{a}.eyJ{b}.{c}", _s(B64URL, 10, 40), _s(B64URL, 10, 80), _s(B64URL, 20, 43))
+    st.builds(
+        lambda a, b, c: f"eyJ{a}.eyJ{b}.{c}", _s(B64URL, 10, 40), _s(B64URL, 10, 80), _s(B64URL, 20, 43)
+    )
 )
 OPENAI = _whole(_s(ALNUM, 48).map(lambda t: "sk-" + t))
 HUGGINGFACE = _whole(_s(string.ascii_letters, 34).map(lambda t: "hf_" + t))
@@ -150,9 +154,42 @@ def test_plain_text_is_unchanged(text: str) -> None:
 
 
 WORDS = st.sampled_from(
-    "the loss went up at step epoch batch tokens tokenizer max_tokens learning_rate author passed "
-    "keyboard model GPU /usr/lib/python3.11 ./data/train.csv 0.001 1e-4 42 -3 CUDA error out of memory "
-    "AssertionError: expected 3, got 4 session.".split()
+    [
+        "the",
+        "loss",
+        "went",
+        "up",
+        "at",
+        "step",
+        "epoch",
+        "batch",
+        "tokens",
+        "tokenizer",
+        "max_tokens",
+        "learning_rate",
+        "author",
+        "passed",
+        "keyboard",
+        "model",
+        "GPU",
+        "/usr/lib/python3.11",
+        "./data/train.csv",
+        "0.001",
+        "1e-4",
+        "42",
+        "-3",
+        "CUDA",
+        "error",
+        "out",
+        "of",
+        "memory",
+        "AssertionError:",
+        "expected",
+        "3,",
+        "got",
+        "4",
+        "session.",
+    ]
 )
 PLAIN_ASSIGNMENTS = st.builds(
     lambda n, v: f"{n}={v}",
@@ -267,7 +304,10 @@ def test_password_found_in_an_env_value_is_masked_in_later_text() -> None:
 
 def test_short_and_empty_secret_values() -> None:
     redactor = Redactor()
-    assert redactor.redact_env({"API_TOKEN": "", "DB_PASSWORD": "abc"}) == {"API_TOKEN": "", "DB_PASSWORD": MASK}
+    assert redactor.redact_env({"API_TOKEN": "", "DB_PASSWORD": "abc"}) == {
+        "API_TOKEN": "",
+        "DB_PASSWORD": MASK,
+    }
     # Too short to search for: masking every "abc" in a log would hide more than it protects.
     assert redactor.redact_text("abc") == "abc"
 

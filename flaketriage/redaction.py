@@ -9,6 +9,8 @@ that :meth:`Redactor.redact_env` has already seen.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,8 +150,8 @@ _VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
     )
 )
 
-# NAME=value, NAME: value, "name": "value", --name=value, --name value. The value sits in a lookahead
-# so that scanning resumes right after the separator: in ``X=password=abc`` the inner pair is seen too.
+# NAME=value, NAME: value, "name": "value", --name=value, --name value. Only the name and separator
+# are matched, so that scanning resumes inside the value: in ``X=password=abc`` the inner pair is seen.
 _ASSIGNMENT = re.compile(
     r"""
     (?<![A-Za-z0-9_.-])
@@ -158,17 +160,24 @@ _ASSIGNMENT = re.compile(
         [ \t]*(?:=|:(?!//))[ \t]*
       | (?(flag)(?P<flagsep>[ \t]+)|(?!))
     )
-    (?=
-        (?:(?i:bearer|basic|token|digest|bot)[ \t]+)?
-        (?P<value>
-            "(?:[^"\\\n]|\\.)*"
-          | '[^'\n]*'
-          | (?(flagsep)(?!-))[^\s"'&;,=:][^\s"'&;,]*
-        )
+    """,
+    re.VERBOSE,
+)
+
+# Read at the end of a secret name's separator. An option's value cannot start with "-", which is
+# the next option; "==" is a comparison, not an assignment.
+_VALUE = re.compile(
+    r"""
+    (?:(?i:bearer|basic|token|digest|bot)[ \t]+)?
+    (?P<value>
+        "(?:[^"\\\n]|\\.)*"
+      | '[^'\n]*'
+      | [^\s"'&;,=:][^\s"'&;,]*
     )
     """,
     re.VERBOSE,
 )
+_OPTION_VALUE = re.compile(r"(?P<value>[^\s\"'&;,=:-][^\s\"'&;,]*|\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')")
 
 _COOKIE_HEADER = re.compile(r"(?im)^[ \t]*(?:set-)?cookie[ \t]*:[ \t]*(?P<secret>[^\r\n]+)")
 
@@ -272,9 +281,18 @@ class Redactor:
                 group = "secret" if "secret" in pattern.groupindex else 0
                 if match.group(group):
                     spans.append(_Span(match.start(group), match.end(group)))
+        covered = 0
         for match in _ASSIGNMENT.finditer(text):
-            if self.is_secret_name(match.group("name")):
-                spans.append(_value_span(match))
+            # Inside a value already masked, a nested assignment adds nothing, and skipping it keeps
+            # chains like "password=password=..." linear.
+            if match.start() < covered or not self.is_secret_name(match.group("name")):
+                continue
+            value_pattern = _OPTION_VALUE if match.group("flagsep") is not None else _VALUE
+            value = value_pattern.match(text, match.end())
+            if value is not None:
+                span = _value_span(value)
+                spans.append(span)
+                covered = span.end
         if use_known and self._known:
             spans.extend(_Span(m.start(), m.end()) for m in self._known_regex().finditer(text))
         return _merge(spans, text)
@@ -287,6 +305,8 @@ class Redactor:
         return self._known_pattern
 
 
+# The same few names recur on every line of a log.
+@functools.lru_cache(maxsize=4096)
 def _name_looks_secret(name: str) -> bool:
     pieces = [p for p in re.split(r"[^A-Za-z0-9]+", name) if p]
     words = [w.lower() for piece in pieces for w in _CAMEL_PART.findall(piece)]
@@ -301,7 +321,7 @@ def _name_looks_secret(name: str) -> bool:
         p.endswith("token") for p in lowered
     ):
         return True
-    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)):
+    if any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words)):
         return True
     # API_KEY, SECRET_KEY, SSH_KEY, OPENAI_KEY: a trailing KEY names a key; a lone KEY or
     # KEY_COLUMN is usually a lookup key.
