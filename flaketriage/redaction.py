@@ -135,7 +135,7 @@ _VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         _START + r"glpat-[A-Za-z0-9_-]{20,}",
         _START + r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}",
         _START + r"xox[abposr]-[A-Za-z0-9-]{10,}",
-        _START + r"eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*",
+        _START + r"eyJ[A-Za-z0-9_-]{5,4096}\.eyJ[A-Za-z0-9_-]{5,16384}\.[A-Za-z0-9_-]*",
         _START + r"sk-[A-Za-z0-9_-]{20,}",
         _START + r"hf_[A-Za-z0-9]{20,}",
         _START + r"AIza[0-9A-Za-z_-]{35}",
@@ -143,10 +143,12 @@ _VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         _START + r"pypi-[A-Za-z0-9_-]{50,}",
         _START + r"[rs]k_live_[A-Za-z0-9]{16,}",
         r"\b[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9._~+/-]{8,}=*)",
-        # Only the password of user:password@ goes, so the host stays readable.
-        r"\b[A-Za-z][A-Za-z0-9+.-]*://[^:/\s@]*:(?P<secret>[^@/\s]+)@",
+        # Only the password of user:password@ goes, so the host stays readable. The scheme is
+        # bounded, else every word of a long dotted run would rescan the run for "://".
+        r"\b[A-Za-z][A-Za-z0-9+.-]{0,30}://[^:/\s@]*:(?P<secret>[^@/\s]+)@",
         # Without an END line the log was cut inside the key: mask everything after BEGIN.
-        r"(?s)-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?P<secret>.*?)(?:-----END[A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+        r"(?s)-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<secret>.*?)"
+        r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----|\Z)",
     )
 )
 

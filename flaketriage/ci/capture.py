@@ -161,7 +161,9 @@ def _build_manifest(
             test_id=info.test_id,
             detail=redactor.redact_text(info.detail) if info.detail else None,
             fingerprint=info.fingerprint,
-            signature=info.signature,
+            # The fingerprint hashes the unredacted signature, so replays (whose output is not
+            # redacted) still match it; only the stored, readable copy is masked.
+            signature=redactor.redact_text(info.signature),
             duration_s=round(result.duration_s, 3),
         ),
         data=inputs,

@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from flaketriage import __version__
 from flaketriage.cli import bundles, run
@@ -54,7 +55,7 @@ def main() -> None:
     try:
         app()
     except FlaketriageError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from flaketriage.bundle import describe_failure, list_bundles, load_manifest, verify_bundle
@@ -124,7 +125,7 @@ def verify_command(
         out.print(f"ok: bundle {report.bundle_id[:12]}, {report.blobs} blobs, {report.bytes} bytes verified")
         return
     for problem in report.problems:
-        err.print(f"[red]problem:[/red] {problem}", markup=True)
+        err.print(f"[red]problem:[/red] {escape(problem)}")
     raise typer.Exit(1)
 
 

@@ -16,7 +16,7 @@ from flaketriage.store import LocalStore, Store
 
 # Results go to stdout (plain when piped); progress and diagnostics go to stderr.
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 StoreOption = Annotated[
     Path | None,

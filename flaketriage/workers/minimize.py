@@ -194,4 +194,6 @@ class Minimizer:
     def _put_text(self, text: str) -> BlobRef:
         from flaketriage.redaction import Redactor
 
-        return self.store.put_bytes(Redactor().redact_text(text).encode())
+        redactor = Redactor()
+        redactor.redact_env(self.replayer.base_env)  # learn this machine's secret values
+        return self.store.put_bytes(redactor.redact_text(text).encode())

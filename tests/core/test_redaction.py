@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -367,3 +368,12 @@ def test_extra_names_and_patterns() -> None:
 def test_an_invalid_extra_pattern_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a valid regular expression"):
         Redactor(extra_patterns=["("])
+
+
+@pytest.mark.parametrize("unit", ["a.", "eyJaaaaaa.", "eyJaaaaaa-", "password=", "--token ", "x://a:b"])
+def test_long_runs_without_spaces_take_linear_time(unit: str) -> None:
+    # A pattern that rescans the rest of the run from every word start takes minutes here.
+    text = unit * (400_000 // len(unit))
+    started = time.perf_counter()
+    Redactor().redact_text(text)
+    assert time.perf_counter() - started < 5
