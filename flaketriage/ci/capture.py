@@ -17,7 +17,7 @@ from typing import Literal
 from flaketriage.bundle import write_bundle
 from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
-from flaketriage.ci.source import SourceLimits, capture_source, git_root
+from flaketriage.ci.source import SourceLimits, SourcePlan, capture_source, git_root, plan_source
 from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
 from flaketriage.manifest import BlobRef, Command, Failure, FailureCriteria, Manifest, Seeds
@@ -79,6 +79,7 @@ def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | 
     data = validate_data(request)
     env = dict(os.environ if request.env is None else request.env)
     seeds = _choose_seeds(env, request.seed_env)
+    plan = plan_source(request.cwd, snapshot=request.snapshot)
     result = run_command(request.argv, request.cwd, env, request.timeout_s, echo=request.echo)
     roots = [str(request.cwd.resolve())]
     repo = git_root(request.cwd)
@@ -100,7 +101,7 @@ def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | 
     if info is None:
         return CaptureResult(process=result, failure=None, bundle_id=None)
     redactor = redactor or Redactor()
-    manifest = _build_manifest(store, request, redactor, env, seeds, result, info, data)
+    manifest = _build_manifest(store, request, plan, redactor, env, seeds, result, info, data)
     return CaptureResult(process=result, failure=info, bundle_id=write_bundle(store, manifest))
 
 
@@ -119,6 +120,7 @@ def _choose_seeds(env: dict[str, str], seed_env: Sequence[str]) -> Seeds:
 def _build_manifest(
     store: Store,
     request: CaptureRequest,
+    plan: SourcePlan,
     redactor: Redactor,
     env: dict[str, str],
     seeds: Seeds,
@@ -129,9 +131,8 @@ def _build_manifest(
     redacted_env = redactor.redact_env(env)
     source = capture_source(
         store,
-        request.cwd,
+        plan,
         request.limits,
-        snapshot=request.snapshot,
         exclude=[Path(store.location)] if not store.location.startswith("memory:") else [],
     )
     logs: dict[str, BlobRef] = {
@@ -143,7 +144,7 @@ def _build_manifest(
     return Manifest(
         kind=request.kind,
         command=Command(
-            argv=tuple(redactor.redact_text(a) for a in request.argv),
+            argv=redactor.redact_argv(request.argv),
             cwd=str(request.cwd.resolve()),
             env=redacted_env,
             timeout_s=timeout,

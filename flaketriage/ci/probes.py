@@ -11,13 +11,14 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from flaketriage.manifest import GPU, Environment, Hardware
 
@@ -25,22 +26,40 @@ NVIDIA_SMI_FIELDS = (
     "index,name,uuid,memory.total,memory.used,utilization.gpu,power.draw,temperature.gpu,driver_version"
 )
 
+NVIDIA_SMI_TIMEOUT_S = 5.0
+"""nvidia-smi answers in well under a second; a hung driver must not hold up the capture."""
+
+_T = TypeVar("_T")
+
 
 def probe_environment() -> Environment:
     """The interpreter, platform and every installed distribution (``name==version``, sorted)."""
-    packages: set[str] = set()
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if name:
-            packages.add(f"{name}=={dist.version}")
     return Environment(
         python=platform.python_version(),
         implementation=platform.python_implementation(),
-        executable=sys.executable,
-        platform=platform.platform(),
-        machine=platform.machine(),
-        packages=tuple(sorted(packages, key=str.lower)),
+        executable=sys.executable or None,
+        platform=_attempt(platform.platform, None) or "unknown",
+        machine=platform.machine() or "unknown",
+        packages=_attempt(installed_packages, ()),
     )
+
+
+def installed_packages() -> tuple[str, ...]:
+    """``name==version`` for each distribution, once per name, sorted by normalized name.
+
+    A name found twice on ``sys.path`` keeps its first version: that is the one ``import`` loads.
+    """
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        with contextlib.suppress(Exception):  # one broken METADATA must not lose the others
+            name = dist.metadata["Name"]
+            if name:
+                seen.setdefault(_normalize(name), f"{name}=={dist.version}")
+    return tuple(seen[key] for key in sorted(seen))
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
 
 
 def parse_meminfo(text: str) -> dict[str, float]:
@@ -71,6 +90,10 @@ def _number(text: str) -> float | None:
         return None  # "[N/A]", "[Not Supported]"
 
 
+def _text(cell: str) -> str | None:
+    return None if not cell or cell.startswith("[") or cell == "N/A" else cell
+
+
 def parse_nvidia_smi_csv(text: str) -> tuple[list[GPU], str | None]:
     """GPUs and the driver version from ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``."""
     gpus: list[GPU] = []
@@ -83,7 +106,7 @@ def parse_nvidia_smi_csv(text: str) -> tuple[list[GPU], str | None]:
             GPU(
                 index=int(cells[0]),
                 name=cells[1],
-                uuid=cells[2] or None,
+                uuid=_text(cells[2]),
                 memory_total_mb=_number(cells[3]),
                 memory_used_mb=_number(cells[4]),
                 utilization_pct=_number(cells[5]),
@@ -91,16 +114,29 @@ def parse_nvidia_smi_csv(text: str) -> tuple[list[GPU], str | None]:
                 temperature_c=_number(cells[7]),
             )
         )
-        driver = driver or cells[8] or None
+        driver = driver or _text(cells[8])
     return gpus, driver
 
 
 def parse_cuda_version(nvidia_smi_banner: str) -> str | None:
     """The ``CUDA Version: 12.4`` of plain ``nvidia-smi`` output."""
-    marker = "CUDA Version:"
-    if marker not in nvidia_smi_banner:
-        return None
-    return nvidia_smi_banner.split(marker, 1)[1].split()[0].strip("| ") or None
+    found = re.search(r"CUDA Version:\s*([0-9]+(?:\.[0-9]+)*)", nvidia_smi_banner)
+    return found.group(1) if found else None
+
+
+def format_cudnn_version(version: int) -> str:
+    """``torch.backends.cudnn.version()`` as ``major.minor.patch``.
+
+    cuDNN 8 encodes ``major*1000 + minor*100 + patch`` (8902), cuDNN 9 ``major*10000 + minor*100 +
+    patch`` (90100).
+    """
+    major, rest = divmod(version, 10000) if version >= 10000 else divmod(version, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def format_cuda_driver_version(version: int) -> str:
+    """NVML's ``nvmlSystemGetCudaDriverVersion`` (12040) as ``12.4``."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _read(path: str) -> str:
@@ -113,92 +149,131 @@ def _read(path: str) -> str:
 
 def _run(argv: list[str]) -> str:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout if done.returncode == 0 else ""
 
 
-def _nvml_gpus() -> tuple[list[GPU], str | None, str | None] | None:
+def _attempt(fn: Callable[[], _T], default: _T) -> _T:
     try:
-        import pynvml
-    except ImportError:
+        return fn()
+    except Exception:  # a probe that cannot answer leaves its field empty, and the others stand
+        return default
+
+
+def _decode(value: Any) -> str | None:
+    if value is None:
         return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _import_nvml() -> Any:
     try:
-        pynvml.nvmlInit()
+        # The old "pynvml" distribution warns that it is deprecated when imported; under -W error
+        # (or pytest's filterwarnings) that warning would be raised instead.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pynvml
+    except Exception:
+        return None
+    return pynvml
+
+
+def read_nvml(nvml: Any) -> tuple[list[GPU], str | None, str | None] | None:
+    """GPUs, driver version and CUDA driver version through an NVML module; None when NVML fails."""
+    try:
+        nvml.nvmlInit()
     except Exception:  # no driver: NVML raises its own error types
         return None
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            util = _nvml(partial(lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, handle))
-            power = _nvml(partial(lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000, handle))
-            temp = _nvml(partial(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU))
-            name = pynvml.nvmlDeviceGetName(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            gpus.append(
-                GPU(
-                    index=i,
-                    name=name.decode() if isinstance(name, bytes) else str(name),
-                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                    memory_total_mb=mem.total / 2**20,
-                    memory_used_mb=mem.used / 2**20,
-                    utilization_pct=util,
-                    power_w=power,
-                    temperature_c=temp,
-                )
-            )
-        driver = _nvml(pynvml.nvmlSystemGetDriverVersion)
-        cuda = _nvml(pynvml.nvmlSystemGetCudaDriverVersion)
-        cuda_text = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else None
-        return gpus, (driver.decode() if isinstance(driver, bytes) else driver), cuda_text
+        gpus = [gpu for i in range(_attempt(nvml.nvmlDeviceGetCount, 0)) if (gpu := _nvml_gpu(nvml, i))]
+        driver = _decode(_attempt(nvml.nvmlSystemGetDriverVersion, None))
+        cuda = _attempt(nvml.nvmlSystemGetCudaDriverVersion, None)
+        return gpus, driver, format_cuda_driver_version(int(cuda)) if cuda else None
     finally:
         with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
 
 
-def _nvml(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # a field a GPU does not support must not lose the others
-        return None
+def _nvml_gpu(nvml: Any, index: int) -> GPU | None:
+    handle = _attempt(lambda: nvml.nvmlDeviceGetHandleByIndex(index), None)
+    if handle is None:
+        return None  # a GPU that fell off the bus; the others are still worth recording
+    mem = _attempt(lambda: nvml.nvmlDeviceGetMemoryInfo(handle), None)
+    power_mw = _attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle), None)
+    return GPU(
+        index=index,
+        name=_decode(_attempt(lambda: nvml.nvmlDeviceGetName(handle), None)) or "unknown",
+        uuid=_decode(_attempt(lambda: nvml.nvmlDeviceGetUUID(handle), None)),
+        memory_total_mb=mem.total / 2**20 if mem is not None else None,
+        memory_used_mb=mem.used / 2**20 if mem is not None else None,
+        utilization_pct=_attempt(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), None),
+        power_w=power_mw / 1000 if power_mw is not None else None,
+        temperature_c=_attempt(
+            lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)), None
+        ),
+    )
+
+
+def _gpus() -> tuple[list[GPU], str | None, str | None]:
+    nvml = _import_nvml()
+    found = read_nvml(nvml) if nvml is not None else None
+    if found is not None:
+        return found
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], None, None
+    gpus, driver = parse_nvidia_smi_csv(
+        _run([smi, f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv,noheader,nounits"])
+    )
+    # The banner costs a second call; skip it when there is no GPU to speak of.
+    return gpus, driver, parse_cuda_version(_run([smi])) if gpus else None
+
+
+def _torch_versions() -> tuple[str | None, str | None]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None
+    cuda = _attempt(lambda: _decode(torch.version.cuda), None)
+    cudnn = _attempt(lambda: torch.backends.cudnn.version(), None)
+    return cuda, format_cudnn_version(int(cudnn)) if cudnn else None
+
+
+def _memory_mb() -> tuple[float | None, float | None]:
+    meminfo = parse_meminfo(_read("/proc/meminfo"))
+    if meminfo:
+        return meminfo.get("MemTotal"), meminfo.get("MemAvailable")
+    # No /proc (macOS): the total is still known to sysconf, what is available is not.
+    total = _attempt(lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20, None)
+    return total, None
 
 
 def probe_hardware() -> Hardware:
     """Host, CPU, memory, load and GPUs (through NVML, else nvidia-smi, else none)."""
-    meminfo = parse_meminfo(_read("/proc/meminfo"))
-    try:
-        load = tuple(round(x, 2) for x in os.getloadavg())
-    except OSError:
-        load = ()
-    gpus: list[GPU] = []
-    driver = cuda = None
-    nvml = _nvml_gpus()
-    if nvml is not None:
-        gpus, driver, cuda = nvml
-    elif shutil.which("nvidia-smi"):
-        gpus, driver = parse_nvidia_smi_csv(
-            _run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv,noheader,nounits"])
-        )
-        cuda = parse_cuda_version(_run(["nvidia-smi"]))
-    cudnn = None
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        with contextlib.suppress(Exception):
-            cuda = torch.version.cuda or cuda
-            version = torch.backends.cudnn.version()
-            cudnn = str(version) if version else None
+    no_memory: tuple[float | None, float | None] = (None, None)
+    total, available = _attempt(_memory_mb, no_memory)
+    no_gpus: tuple[list[GPU], str | None, str | None] = ([], None, None)
+    gpus, driver, smi_cuda = _attempt(_gpus, no_gpus)
+    torch_cuda, cudnn = _torch_versions()
     return Hardware(
-        host=socket.gethostname(),
-        cpu_model=parse_cpu_model(_read("/proc/cpuinfo")) or platform.processor() or None,
+        host=_attempt(socket.gethostname, None) or None,
+        cpu_model=_attempt(lambda: parse_cpu_model(_read("/proc/cpuinfo")) or platform.processor(), None)
+        or None,
         cpu_count=os.cpu_count(),
-        memory_total_mb=meminfo.get("MemTotal"),
-        memory_available_mb=meminfo.get("MemAvailable"),
-        load_avg=load,
+        memory_total_mb=total,
+        memory_available_mb=available,
+        load_avg=_attempt(lambda: tuple(round(x, 2) for x in os.getloadavg()), ()),
         gpus=tuple(gpus),
         driver_version=driver,
-        cuda_version=cuda,
+        # What torch was built against is what the run used; the driver's CUDA is only the ceiling.
+        cuda_version=torch_cuda or smi_cuda,
         cudnn_version=cudnn,
     )

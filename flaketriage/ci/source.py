@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from flaketriage.manifest import FileEntry, Source
 from flaketriage.store import Store
@@ -46,43 +47,75 @@ def git_root(cwd: Path) -> Path | None:
     return Path(top) if top else None
 
 
-def capture_source(
-    store: Store, cwd: Path, limits: SourceLimits, snapshot: bool = False, exclude: Iterable[Path] = ()
-) -> Source:
-    """Record the code the command ran: git state, or a snapshot when not in git or asked to."""
+@dataclass(frozen=True)
+class SourcePlan:
+    """What to record, listed before the command runs: outputs it writes are not inputs."""
+
+    kind: Literal["git", "snapshot"]
+    cwd: Path
+    root: Path
+    commit: str | None
+    files: dict[str, tuple[int, int]]
+    """path relative to `root` → (size, mtime_ns) before the run."""
+
+
+def plan_source(cwd: Path, snapshot: bool = False) -> SourcePlan:
+    """List the untracked files (git) or the snapshot's files, with their size and mtime."""
     cwd = cwd.resolve()
     root = git_root(cwd)
     commit = _git_text(cwd, "rev-parse", "--verify", "HEAD") if root else None
-    excluded = {p.resolve() for p in exclude}
     if root is None or commit is None or snapshot:
-        return _snapshot(store, cwd, limits, excluded, in_git=root is not None)
+        if root is not None:
+            listed = _git(cwd, "ls-files", "--cached", "--others", "--exclude-standard", "-z")
+            names = [n for n in (listed or b"").decode("utf-8", "surrogateescape").split("\0") if n]
+        else:
+            names = _walk_with_gitignore(cwd)
+        return SourcePlan("snapshot", cwd, cwd, None, _stat_all(cwd, names))
     untracked = _git(cwd, "ls-files", "--others", "--exclude-standard", "-z", "--full-name", ":/")
     names = [n for n in (untracked or b"").decode("utf-8", "surrogateescape").split("\0") if n]
-    files, skipped = _store_files(store, root, names, limits, excluded)
+    return SourcePlan("git", cwd, root, commit, _stat_all(root, names))
+
+
+def _stat_all(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for name in names:
+        if any(part in ALWAYS_SKIPPED for part in Path(name).parts):
+            continue
+        path = root / name
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            st = path.stat()
+        except OSError:
+            continue
+        out[name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def capture_source(
+    store: Store, plan: SourcePlan, limits: SourceLimits, exclude: Iterable[Path] = ()
+) -> Source:
+    """Store what the plan listed, as it was before the run (files changed since are skipped)."""
+    excluded = {p.resolve() for p in exclude}
+    files, skipped = _store_files(store, plan, limits, excluded)
+    if plan.kind == "snapshot":
+        return Source(
+            kind="snapshot", repo_path=str(plan.root), subdir=".", files=tuple(files), skipped=tuple(skipped)
+        )
+    root = plan.root
     diff = _git(root, "diff", "--binary", "HEAD")
     remote = _git_text(root, "remote", "get-url", "origin") or None
     return Source(
         kind="git",
-        commit=commit,
+        commit=plan.commit,
         branch=_git_text(root, "rev-parse", "--abbrev-ref", "HEAD"),
         remote=_URL_CREDENTIALS.sub("", remote) if remote else None,
         repo_path=str(root),
-        subdir=os.path.relpath(cwd, root),
+        subdir=os.path.relpath(plan.cwd, root),
         diff=store.put_bytes(diff) if diff else None,
         files=tuple(files),
         skipped=tuple(skipped),
     )
-
-
-def _snapshot(store: Store, cwd: Path, limits: SourceLimits, excluded: set[Path], in_git: bool) -> Source:
-    if in_git:
-        listed = _git(cwd, "ls-files", "--cached", "--others", "--exclude-standard", "-z")
-        names = [n for n in (listed or b"").decode("utf-8", "surrogateescape").split("\0") if n]
-        names = [n for n in names if (cwd / n).is_file()]  # deleted-but-tracked files are gone
-    else:
-        names = _walk_with_gitignore(cwd)
-    files, skipped = _store_files(store, cwd, names, limits, excluded)
-    return Source(kind="snapshot", repo_path=str(cwd), subdir=".", files=tuple(files), skipped=tuple(skipped))
 
 
 def _walk_with_gitignore(root: Path) -> list[str]:
@@ -109,21 +142,24 @@ def _walk_with_gitignore(root: Path) -> list[str]:
 
 
 def _store_files(
-    store: Store, root: Path, names: list[str], limits: SourceLimits, excluded: set[Path]
+    store: Store, plan: SourcePlan, limits: SourceLimits, excluded: set[Path]
 ) -> tuple[list[FileEntry], list[str]]:
     files: list[FileEntry] = []
     skipped: list[str] = []
     total = 0
-    for name in sorted(names):
-        path = root / name
-        if any(part in ALWAYS_SKIPPED for part in Path(name).parts):
-            continue
-        if path.is_symlink() or not path.is_file():
-            continue
+    for name, (size, mtime) in sorted(plan.files.items()):
+        path = plan.root / name
         resolved = path.resolve()
         if any(resolved == ex or ex in resolved.parents for ex in excluded):
             continue
-        size = path.stat().st_size
+        try:
+            st = path.stat()
+        except OSError:
+            skipped.append(f"{name} (deleted during the run)")
+            continue
+        if (st.st_size, st.st_mtime_ns) != (size, mtime):
+            skipped.append(f"{name} (changed during the run)")
+            continue
         if size > limits.max_file_bytes or total + size > limits.max_total_bytes:
             skipped.append(name)
             continue

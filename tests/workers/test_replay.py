@@ -1,0 +1,113 @@
+"""Replays of real captured programs: environment, determinism hooks, isolation between runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from flaketriage.bundle import load_manifest
+from flaketriage.ci.capture import CaptureRequest, run_and_capture
+from flaketriage.ci.source import SourceLimits
+from flaketriage.manifest import Manifest
+from flaketriage.store import LocalStore
+from flaketriage.workers.replay import Replayer
+from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox
+from flaketriage.workers.verdict import Outcome
+
+LIMITS = SourceLimits(max_file_bytes=1 << 20, max_total_bytes=10 << 20)
+
+FAKE_TORCH = '''
+calls = []
+def use_deterministic_algorithms(mode, warn_only=False):
+    calls.append(("use_deterministic_algorithms", mode, warn_only))
+class _Cudnn:
+    deterministic = False
+    benchmark = True
+class backends:
+    cudnn = _Cudnn()
+'''
+
+
+def _capture(root: Path, argv: list[str], env: dict[str, str] | None = None) -> tuple[LocalStore, Manifest]:
+    store = LocalStore(root.parent / "store")
+    request = CaptureRequest(argv=argv, cwd=root, limits=LIMITS, echo=False, env=env)
+    result = run_and_capture(store, request)
+    assert result.bundle_id, result.process.stderr
+    return store, load_manifest(store, result.bundle_id)
+
+
+@pytest.fixture(params=["process", "bwrap"])
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return ProcessSandbox() if request.param == "process" else BubblewrapSandbox()
+
+
+def test_replay_gets_recorded_seeds_and_deterministic_settings(tmp_path: Path, sandbox: Sandbox) -> None:
+    root = tmp_path / "proj"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (root / "job.py").write_text(
+        "import os, sys\n"
+        "import torch\n"
+        "print('seed', os.environ['PYTHONHASHSEED'], 'cublas', os.environ.get('CUBLAS_WORKSPACE_CONFIG'))\n"
+        "print('torch', torch.calls, torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)\n"
+        "sys.stderr.write('fatal: job failed\\n')\n"
+        "sys.exit(9)\n"
+    )
+    store, manifest = _capture(root, [sys.executable, "job.py"])
+    with Replayer(store, manifest, sandbox) as replayer:
+        result = replayer.run()
+    assert result.failure is not None
+    assert result.outcome is Outcome.REPRODUCED, (manifest.failure.signature, result.failure.signature)
+    lines = result.process.stdout.splitlines()
+    assert lines[0] == f"seed {manifest.seeds.python_hash_seed} cublas :4096:8"
+    assert lines[1] == "torch [('use_deterministic_algorithms', True, True)] True False"
+
+
+def test_each_replay_starts_from_a_clean_copy(tmp_path: Path, sandbox: Sandbox) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "job.py").write_text(
+        "with open('state.txt', 'a') as f: f.write('x')\n"
+        "n = len(open('state.txt').read())\n"
+        "raise RuntimeError('boom') if n == 1 else SystemExit(f'state leaked: {n}')\n"
+    )
+    store, manifest = _capture(root, [sys.executable, "job.py"])
+    (root / "state.txt").unlink()
+    with Replayer(store, manifest, sandbox) as replayer:
+        outcomes = [replayer.run().outcome for _ in range(3)]
+    assert outcomes == [Outcome.REPRODUCED] * 3
+
+
+def test_paths_into_the_original_workspace_are_moved(tmp_path: Path, sandbox: Sandbox) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "job.py").write_text(
+        "import os, sys\n"
+        "print(os.path.dirname(os.path.abspath(sys.argv[0])) == os.getcwd(), os.environ['DATA_DIR'] == os.getcwd())\n"
+        "print(os.path.exists(" + repr(str(root / "only-original.txt")) + "))\n"
+        "raise SystemExit(2)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "DATA_DIR": str(root)}
+    store, manifest = _capture(root, [sys.executable, str(root / "job.py")], env=env)
+    (root / "only-original.txt").write_text("not part of the bundle")
+    with Replayer(store, manifest, sandbox) as replayer:
+        result = replayer.run()
+    lines = result.process.stdout.splitlines()
+    assert lines[0] == "True True", result.process.stderr
+    # bubblewrap hides the original workspace; a plain process can still see it
+    assert lines[1] == ("False" if isinstance(sandbox, BubblewrapSandbox) else "True")
+
+
+def test_masked_secrets_are_refilled_from_this_machine(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "job.py").write_text("import os; print(os.environ.get('API_TOKEN')); raise SystemExit(1)\n")
+    store, manifest = _capture(root, [sys.executable, "job.py"], env={"PATH": "/usr/bin", "API_TOKEN": "tok-123456"})
+    assert manifest.command.env["API_TOKEN"] != "tok-123456"
+    base = {"API_TOKEN": "runner-token-abc"}
+    with Replayer(store, manifest, ProcessSandbox(), base_env=base) as replayer:
+        assert replayer.run().process.stdout.strip() == "runner-token-abc"
+    with Replayer(store, manifest, ProcessSandbox(), base_env={}) as replayer:
+        assert replayer.run().process.stdout.strip() == "None"
