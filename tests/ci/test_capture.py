@@ -44,7 +44,13 @@ def test_passing_command_leaves_no_bundle(tmp_path: Path) -> None:
 
 
 def test_exit_code_passes_through_and_output_streams(tmp_path: Path) -> None:
-    proc = _run(tmp_path, "--", sys.executable, "-c", "import sys; print('out'); sys.stderr.write('err\\n'); sys.exit(7)")
+    proc = _run(
+        tmp_path,
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; print('out'); sys.stderr.write('err\\n'); sys.exit(7)",
+    )
     assert proc.returncode == 7
     assert proc.stdout.startswith("out\n") and "err" in proc.stderr
     result = _result(proc)
@@ -68,7 +74,9 @@ def test_python_exception_is_recorded(tmp_path: Path) -> None:
 
 
 def test_signal_death(tmp_path: Path) -> None:
-    proc = _run(tmp_path, "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    proc = _run(
+        tmp_path, "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
     assert proc.returncode == 137
     m = _manifest(tmp_path, _result(proc)["bundle"])
     assert m.failure.kind == "signal" and m.failure.signal == "SIGKILL"
@@ -101,8 +109,17 @@ def test_metric_from_a_json_lines_file(tmp_path: Path) -> None:
         "        f.write(json.dumps({'accuracy': acc}) + '\\n')\n"
     )
     proc = _run(
-        tmp_path, "--metric", "accuracy", "--below", "0.4", "--metrics-file", "metrics.jsonl", "--",
-        sys.executable, "-c", code,
+        tmp_path,
+        "--metric",
+        "accuracy",
+        "--below",
+        "0.4",
+        "--metrics-file",
+        "metrics.jsonl",
+        "--",
+        sys.executable,
+        "-c",
+        code,
     )
     assert proc.returncode == 1
     assert _manifest(tmp_path, _result(proc)["bundle"]).failure.kind == "metric"
@@ -114,8 +131,16 @@ def test_hash_seed_is_chosen_recorded_and_used(tmp_path: Path) -> None:
     m = _manifest(tmp_path, _result(proc)["bundle"])
     assert m.seeds.python_hash_seed_chosen
     assert f"seed {m.seeds.python_hash_seed}" in proc.stdout
-    own = _run(tmp_path, "--seed-env", "TRAIN_SEED", "--", sys.executable, "-c", code,
-               env={"PYTHONHASHSEED": "123", "TRAIN_SEED": "77"})
+    own = _run(
+        tmp_path,
+        "--seed-env",
+        "TRAIN_SEED",
+        "--",
+        sys.executable,
+        "-c",
+        code,
+        env={"PYTHONHASHSEED": "123", "TRAIN_SEED": "77"},
+    )
     m2 = _manifest(tmp_path, _result(own)["bundle"])
     assert m2.seeds.python_hash_seed == "123" and not m2.seeds.python_hash_seed_chosen
     assert m2.seeds.env == {"TRAIN_SEED": "77"}
@@ -124,15 +149,22 @@ def test_hash_seed_is_chosen_recorded_and_used(tmp_path: Path) -> None:
 def test_secrets_are_masked_in_env_logs_and_argv(tmp_path: Path) -> None:
     token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
     code = "import os; print('using', os.environ['GITHUB_TOKEN']); raise SystemExit(3)"
-    proc = _run(tmp_path, "--", sys.executable, "-c", code, "--password=hunter2hunter2",
-                env={"GITHUB_TOKEN": token, "DB_PASSWORD": "s3cr3t-pass"})
+    proc = _run(
+        tmp_path,
+        "--",
+        sys.executable,
+        "-c",
+        code,
+        "--password=hunter2hunter2",
+        env={"GITHUB_TOKEN": token, "DB_PASSWORD": "s3cr3t-pass"},
+    )
     assert token in proc.stdout  # the user's own terminal still sees everything
     bundle = str(_result(proc)["bundle"])
     m = _manifest(tmp_path, bundle)
     assert m.command.env["GITHUB_TOKEN"] == MASK and m.command.env["DB_PASSWORD"] == MASK
     assert "PATH" in m.command.env and MASK not in m.command.env["PATH"]
     store = LocalStore(tmp_path / ".flaketriage")
-    for key in store.keys():  # every blob, decompressed: manifest, logs, sources
+    for key in list(store.keys()):  # every blob, decompressed: manifest, logs, sources
         data = store.get_bytes(key)
         assert token.encode() not in data and b"hunter2hunter2" not in data, key
     stdout = store.get_bytes(m.logs["stdout"].sha256).decode()

@@ -15,7 +15,9 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Run:
-    def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         full = {k: v for k, v in os.environ.items() if not k.startswith("FLAKETRIAGE_")}
         full.update(env or {})
         return subprocess.run(

@@ -61,7 +61,9 @@ def test_store_path_not_writable(cli, tmp_path: Path) -> None:  # type: ignore[n
 
 
 def test_command_that_does_not_exist(cli) -> None:  # type: ignore[no-untyped-def]
-    _assert_clean_error(cli("capture", "--", "no-such-command-xyz", "--flag"), "command not found", "no-such-command-xyz")
+    _assert_clean_error(
+        cli("capture", "--", "no-such-command-xyz", "--flag"), "command not found", "no-such-command-xyz"
+    )
 
 
 def test_no_command(cli) -> None:  # type: ignore[no-untyped-def]

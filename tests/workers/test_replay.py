@@ -18,7 +18,7 @@ from flaketriage.workers.verdict import Outcome
 
 LIMITS = SourceLimits(max_file_bytes=1 << 20, max_total_bytes=10 << 20)
 
-FAKE_TORCH = '''
+FAKE_TORCH = """
 calls = []
 def use_deterministic_algorithms(mode, warn_only=False):
     calls.append(("use_deterministic_algorithms", mode, warn_only))
@@ -27,7 +27,7 @@ class _Cudnn:
     benchmark = True
 class backends:
     cudnn = _Cudnn()
-'''
+"""
 
 
 def _capture(root: Path, argv: list[str], env: dict[str, str] | None = None) -> tuple[LocalStore, Manifest]:
@@ -85,7 +85,8 @@ def test_paths_into_the_original_workspace_are_moved(tmp_path: Path, sandbox: Sa
     root.mkdir()
     (root / "job.py").write_text(
         "import os, sys\n"
-        "print(os.path.dirname(os.path.abspath(sys.argv[0])) == os.getcwd(), os.environ['DATA_DIR'] == os.getcwd())\n"
+        "here = os.path.dirname(os.path.abspath(sys.argv[0]))\n"
+        "print(here == os.getcwd(), os.environ['DATA_DIR'] == os.getcwd())\n"
         "print(os.path.exists(" + repr(str(root / "only-original.txt")) + "))\n"
         "raise SystemExit(2)\n"
     )
@@ -104,7 +105,9 @@ def test_masked_secrets_are_refilled_from_this_machine(tmp_path: Path) -> None:
     root = tmp_path / "proj"
     root.mkdir()
     (root / "job.py").write_text("import os; print(os.environ.get('API_TOKEN')); raise SystemExit(1)\n")
-    store, manifest = _capture(root, [sys.executable, "job.py"], env={"PATH": "/usr/bin", "API_TOKEN": "tok-123456"})
+    store, manifest = _capture(
+        root, [sys.executable, "job.py"], env={"PATH": "/usr/bin", "API_TOKEN": "tok-123456"}
+    )
     assert manifest.command.env["API_TOKEN"] != "tok-123456"
     base = {"API_TOKEN": "runner-token-abc"}
     with Replayer(store, manifest, ProcessSandbox(), base_env=base) as replayer:
