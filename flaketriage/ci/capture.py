@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,13 +21,14 @@ from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.source import SourceLimits, SourcePlan, capture_source, git_root, plan_source
 from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
-from flaketriage.manifest import BlobRef, Command, Failure, FailureCriteria, Manifest, Seeds
+from flaketriage.manifest import BlobRef, Command, DataInput, Failure, FailureCriteria, Manifest, Seeds
 from flaketriage.process import ProcessResult, run_command
 from flaketriage.redaction import Redactor
 from flaketriage.store import Store
 from flaketriage.trees import relative_to_cwd, store_data_input
 
 HASH_SEED_VAR = "PYTHONHASHSEED"
+DEFAULT_LIMITS = SourceLimits(max_file_bytes=10 << 20, max_total_bytes=200 << 20)
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,87 @@ def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | 
     if info is None:
         return CaptureResult(process=result, failure=None, bundle_id=None)
     redactor = redactor or Redactor()
-    manifest = _build_manifest(store, request, plan, redactor, env, seeds, result, info, data)
+    manifest = _build_manifest(
+        store,
+        _Pieces(
+            argv=request.argv,
+            cwd=request.cwd,
+            kind=request.kind,
+            plan=plan,
+            limits=request.limits,
+            env=env,
+            seeds=seeds,
+            criteria=request.criteria,
+            info=info,
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            duration_s=result.duration_s,
+            timeout_s=request.timeout_s or max(60.0, 10 * result.duration_s),
+            inputs=tuple(store_data_input(store, path, rel) for path, rel in data),
+            annotations=dict(request.annotations),
+        ),
+        redactor,
+    )
     return CaptureResult(process=result, failure=info, bundle_id=write_bundle(store, manifest))
+
+
+def record_failure(
+    store: Store,
+    info: FailureInfo,
+    *,
+    argv: Sequence[str] | None = None,
+    cwd: Path | None = None,
+    kind: Literal["command", "test", "training"] = "training",
+    limits: SourceLimits = DEFAULT_LIMITS,
+    snapshot: bool = False,
+    data: Sequence[DataInput] = (),
+    seed_values: Mapping[str, int | str] | None = None,
+    stdout: str = "",
+    stderr: str = "",
+    attachments: Mapping[str, bytes] | None = None,
+    checkpoint: bytes | Path | None = None,
+    annotations: Mapping[str, object] | None = None,
+    timeout_s: float | None = None,
+) -> str:
+    """Write a bundle for a failure seen inside this process (a guard trip, a test hook).
+
+    The command that reruns it defaults to this interpreter with this process's arguments; data
+    inputs are already stored (`trees.store_data_input`). Returns the bundle id.
+    """
+    cwd = (cwd or Path.cwd()).resolve()
+    env = dict(os.environ)
+    redactor = Redactor()
+    refs = {name: store.put_bytes(blob) for name, blob in (attachments or {}).items()}
+    ckpt = None
+    if checkpoint is not None:
+        ckpt = store.put_file(checkpoint) if isinstance(checkpoint, Path) else store.put_bytes(checkpoint)
+    manifest = _build_manifest(
+        store,
+        _Pieces(
+            argv=list(argv) if argv is not None else [sys.executable, *sys.argv],
+            cwd=cwd,
+            kind=kind,
+            plan=plan_source(cwd, snapshot=snapshot),
+            limits=limits,
+            env=env,
+            # This process's hash seed is only known when it was set before it started.
+            seeds=Seeds(python_hash_seed=env.get(HASH_SEED_VAR), values=dict(seed_values or {})),
+            criteria=FailureCriteria(),
+            info=info,
+            exit_code=info.exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=0.0,
+            timeout_s=timeout_s,
+            inputs=tuple(data),
+            annotations=dict(annotations or {}),
+            attachments=refs,
+            checkpoint=ckpt,
+        ),
+        redactor,
+    )
+    return write_bundle(store, manifest)
 
 
 def _choose_seeds(env: dict[str, str], seed_env: Sequence[str]) -> Seeds:
@@ -117,44 +198,57 @@ def _choose_seeds(env: dict[str, str], seed_env: Sequence[str]) -> Seeds:
     )
 
 
-def _build_manifest(
-    store: Store,
-    request: CaptureRequest,
-    plan: SourcePlan,
-    redactor: Redactor,
-    env: dict[str, str],
-    seeds: Seeds,
-    result: ProcessResult,
-    info: FailureInfo,
-    data: list[tuple[Path, str]],
-) -> Manifest:
-    redacted_env = redactor.redact_env(env)
+@dataclass(frozen=True)
+class _Pieces:
+    """Everything a manifest is built from, however the failure was seen."""
+
+    argv: Sequence[str]
+    cwd: Path
+    kind: Literal["command", "test", "training"]
+    plan: SourcePlan
+    limits: SourceLimits
+    env: dict[str, str]
+    seeds: Seeds
+    criteria: FailureCriteria
+    info: FailureInfo
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    timeout_s: float | None
+    inputs: tuple[DataInput, ...]
+    annotations: dict[str, object]
+    attachments: Mapping[str, BlobRef] = field(default_factory=dict)
+    checkpoint: BlobRef | None = None
+
+
+def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
+    redacted_env = redactor.redact_env(p.env)
     source = capture_source(
         store,
-        plan,
-        request.limits,
+        p.plan,
+        p.limits,
         exclude=[Path(store.location)] if not store.location.startswith("memory:") else [],
     )
     logs: dict[str, BlobRef] = {
-        "stdout": store.put_bytes(redactor.redact_text(result.stdout).encode()),
-        "stderr": store.put_bytes(redactor.redact_text(result.stderr).encode()),
+        "stdout": store.put_bytes(redactor.redact_text(p.stdout).encode()),
+        "stderr": store.put_bytes(redactor.redact_text(p.stderr).encode()),
     }
-    inputs = tuple(store_data_input(store, path, rel) for path, rel in data)
-    timeout = request.timeout_s or max(60.0, 10 * result.duration_s)
+    info = p.info
     return Manifest(
-        kind=request.kind,
+        kind=p.kind,
         command=Command(
-            argv=redactor.redact_argv(request.argv),
-            cwd=str(request.cwd.resolve()),
+            argv=redactor.redact_argv(p.argv),
+            cwd=str(p.cwd.resolve()),
             env=redacted_env,
-            timeout_s=timeout,
+            timeout_s=p.timeout_s,
         ),
         source=source,
-        seeds=seeds,
-        criteria=request.criteria,
+        seeds=p.seeds,
+        criteria=p.criteria,
         failure=Failure(
             kind=info.kind,
-            exit_code=result.exit_code,
+            exit_code=p.exit_code,
             signal=info.signal,
             exception_type=info.exception_type,
             message=redactor.redact_text(info.message) if info.message else None,
@@ -165,12 +259,14 @@ def _build_manifest(
             # The fingerprint hashes the unredacted signature, so replays (whose output is not
             # redacted) still match it; only the stored, readable copy is masked.
             signature=redactor.redact_text(info.signature),
-            duration_s=round(result.duration_s, 3),
+            duration_s=round(p.duration_s, 3),
         ),
-        data=inputs,
+        data=p.inputs,
         environment=probe_environment(),
         hardware=probe_hardware(),
         logs=logs,
-        annotations=dict(request.annotations, captured_at_unix=round(time.time(), 3)),
-        provenance=detect_provenance(env),
+        checkpoint=p.checkpoint,
+        attachments=dict(p.attachments),
+        annotations=dict(p.annotations, captured_at_unix=round(time.time(), 3)),
+        provenance=detect_provenance(p.env),
     )

@@ -175,3 +175,36 @@ def test_timeout_is_a_failure_kind(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--timeout", "1", "--", sys.executable, "-c", "import time; time.sleep(30)")
     assert proc.returncode != 0
     assert _manifest(tmp_path, _result(proc)["bundle"]).failure.kind == "timeout"
+
+
+def test_record_failure_from_inside_a_process(tmp_path: Path) -> None:
+    from flaketriage.ci.capture import record_failure
+    from flaketriage.fingerprint import fingerprint_failure
+
+    stderr = (
+        "Traceback (most recent call last):\n"
+        f'  File "{tmp_path}/train.py", line 9, in <module>\n'
+        "    step()\n"
+        "FloatingPointError: loss is nan at step 12\n"
+    )
+    info = fingerprint_failure(exit_code=1, stdout="", stderr=stderr, roots=[str(tmp_path)])
+    assert info is not None
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "train.py").write_text("step()\n")
+    bundle = record_failure(
+        store,
+        info,
+        argv=[sys.executable, "train.py"],
+        cwd=tmp_path,
+        seed_values={"torch": 7, "numpy": 11},
+        attachments={"guard_stats.json": b'{"loss": [1.0, "nan"]}'},
+        checkpoint=b"state-dict-bytes",
+        annotations={"step": 12},
+    )
+    m = load_manifest(store, bundle)
+    assert m.kind == "training" and m.failure.exception_type == "FloatingPointError"
+    assert m.seeds.values == {"torch": 7, "numpy": 11}
+    assert store.get_bytes(m.attachments["guard_stats.json"].sha256).startswith(b'{"loss"')
+    assert m.checkpoint is not None and store.get_bytes(m.checkpoint.sha256) == b"state-dict-bytes"
+    assert m.annotations["step"] == 12
+    assert [f.path for f in m.source.files] == ["train.py"]
