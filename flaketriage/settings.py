@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -81,6 +81,28 @@ class Settings(BaseSettings):
     snapshot_max_total_mb: float = Field(
         default=200.0, gt=0, description="Cap on the total size of a source snapshot."
     )
+    notify_url: str | None = Field(
+        default=None,
+        description="The service's events endpoint (`https://host/v1/events`); when set, captures are "
+        "sent there.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="Shared secret for the HMAC signature of sent events."
+    )
+    outbox_dir: Path | None = Field(
+        default=None,
+        description="Events that could not be sent wait here for the next run. Default: `<store>/outbox`.",
+    )
+    quarantine_url: str | None = Field(
+        default=None,
+        description="The service's quarantine list (`https://host/v1/quarantine`), read by the pytest "
+        "plugin instead of the quarantine file.",
+    )
+    quarantine_cache_ttl_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How long the pytest plugin trusts its cached copy of the service's quarantine list.",
+    )
     output_tail_lines: int = Field(
         default=200, ge=1, description="Lines of stdout/stderr shown in reports and summaries."
     )
@@ -90,3 +112,6 @@ class Settings(BaseSettings):
 
     def resolved_quarantine_file(self) -> Path:
         return self.quarantine_file or self.store / "quarantine.json"
+
+    def resolved_outbox_dir(self) -> Path:
+        return self.outbox_dir or self.store / "outbox"

@@ -18,5 +18,7 @@ fi
 
 python3 -m venv .venv
 . .venv/bin/activate
-pip install -q --disable-pip-version-check -e '.[dev,demo]'
+# torch from the pinned CPU build first (any other torch spec downloads gigabytes).
+python -c "import torch" 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0
+pip install -q --disable-pip-version-check -e '.[dev,demo,guards,sentry]'
 python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""The flaketriage pytest plugin (registered under ``pytest11``; off unless enabled)."""
