@@ -99,15 +99,27 @@ def run_command(
     for t in pumps:
         t.daemon = True
         t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    # A timer kills on timeout, so the wait itself blocks in waitpid: Popen.wait(timeout=...)
+    # polls with sleeps of up to 50 ms, which would dominate short replays.
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
         _kill_group(proc)
+
+    timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        proc.wait()
     except KeyboardInterrupt:
         _kill_group(proc)
         raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    timed_out = expired.is_set()
     for t in pumps:
         t.join(timeout=10)
     return ProcessResult(
@@ -122,7 +134,6 @@ def run_command(
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def shell_exit_code(exit_code: int) -> int:

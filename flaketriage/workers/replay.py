@@ -75,6 +75,8 @@ class Replayer:
         self._tmp = Path(tempfile.mkdtemp(prefix="flaketriage-replay-"))
         self.template: Workspace = materialize(store, manifest, self._tmp / "template")
         self._count = 0
+        self._moved: list[tuple[str, str]] = []
+        self._moved_for: Path | None = None
 
     def __enter__(self) -> Replayer:
         return self
@@ -87,10 +89,20 @@ class Replayer:
 
     # -- the run's environment ------------------------------------------------------------------
     def _rewrite(self, value: str, ws: Workspace) -> str:
-        for root in _original_roots(self.manifest):
-            rel = os.path.relpath(root, self.manifest.command.cwd)
-            value = value.replace(root, str((ws.cwd / rel).resolve()))
+        for root, moved in self._moves(ws):
+            value = value.replace(root, moved)
         return value
+
+    def _moves(self, ws: Workspace) -> list[tuple[str, str]]:
+        """Original root → its place in `ws`, longest first (computed once per workspace)."""
+        if self._moved_for != ws.root:
+            cwd = self.manifest.command.cwd
+            self._moved = [
+                (root, str((ws.cwd / os.path.relpath(root, cwd)).resolve()))
+                for root in _original_roots(self.manifest)
+            ]
+            self._moved_for = ws.root
+        return self._moved
 
     def environment(self, ws: Workspace) -> dict[str, str]:
         """The recorded environment, secrets refilled from this machine, paths moved to `ws`."""

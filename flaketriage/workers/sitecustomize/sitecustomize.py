@@ -6,11 +6,10 @@ cost every replay a second, so a finder waits for the program's own import inste
 ``sitecustomize`` further down the path still runs.
 """
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
+
+# Only cheap modules at start-up: importlib.abc alone costs ~8 ms, paid by every replay.
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,10 +23,14 @@ def _make_torch_deterministic(torch):  # type: ignore[no-untyped-def]
         sys.stderr.write(f"flaketriage: could not enable torch determinism: {exc}\n")
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
+class _TorchWatcher:
+    """A meta path finder (duck-typed) that sees the program's own ``import torch``."""
+
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
         if fullname != "torch":
             return None
+        import importlib.util
+
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None:
@@ -44,6 +47,9 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
 
 
 def _chain_next_sitecustomize() -> None:
+    import importlib.machinery
+    import importlib.util
+
     others = [p for p in sys.path if p and os.path.abspath(p) != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
     if spec is not None and spec.loader is not None and spec.origin != __file__:

@@ -1,0 +1,94 @@
+"""Minimization on real programs: knobs, noise-aware candidates, the minimal bundle."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from flaketriage.bundle import load_manifest
+from flaketriage.ci.capture import CaptureRequest, run_and_capture
+from flaketriage.ci.source import SourceLimits
+from flaketriage.errors import MinimizeError
+from flaketriage.store import LocalStore
+from flaketriage.workers.minimize import Minimizer, find_knobs
+from flaketriage.workers.replay import Replayer
+from flaketriage.workers.sandbox import ProcessSandbox
+
+LIMITS = SourceLimits(max_file_bytes=1 << 20, max_total_bytes=10 << 20)
+
+
+def test_find_knobs() -> None:
+    argv = [
+        "python",
+        "train.py",
+        "--steps",
+        "1000",
+        "--epochs=5",
+        "--seed",
+        "42",
+        "--lr",
+        "0.1",
+        "--port=8080",
+        "--batch-size",
+        "1",
+        "-n",
+        "7",
+        "--name",
+        "run12",
+    ]
+    knobs = {k.flag: (k.value, k.inline) for k in find_knobs(argv)}
+    assert knobs == {"--steps": (1000, False), "--epochs": (5, True), "-n": (7, False)}
+    steps = next(k for k in find_knobs(argv) if k.flag == "--epochs")
+    assert steps.apply(argv, 2)[4] == "--epochs=2"
+
+
+def _capture(root: Path, script: str, rows: int, tries: int = 30) -> tuple[LocalStore, str]:
+    (root / "job.py").write_text(script)
+    (root / "rows.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(rows)))
+    store = LocalStore(root.parent / "store")
+    request = CaptureRequest(
+        argv=[sys.executable, "job.py"], cwd=root, limits=LIMITS, data=[Path("rows.jsonl")], echo=False
+    )
+    for _ in range(tries):
+        result = run_and_capture(store, request)
+        if result.bundle_id:
+            return store, result.bundle_id
+    raise AssertionError("never failed")
+
+
+NOISY = """
+import json, random
+ids = {json.loads(line)["id"] for line in open("rows.jsonl")}
+if 37 in ids and 81 in ids and random.random() < 0.7:
+    raise RuntimeError("rows 37 and 81 conflict")
+"""
+
+
+def test_noisy_failure_is_minimized_without_losing_a_culprit(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    store, bundle = _capture(root, NOISY, rows=120)
+    manifest = load_manifest(store, bundle)
+    with Replayer(store, manifest, ProcessSandbox()) as replayer:
+        minimizer = Minimizer(store, replayer, bundle, failure_rate=0.7)
+        assert minimizer.clean_runs == 3  # 0.3**3 < 5%: a candidate passes only after 3 clean runs
+        result = minimizer.run()
+    assert result.data == {"rows.jsonl": (2, 120)}
+    minimal = load_manifest(store, result.bundle_id)
+    assert minimal.parent == bundle and minimal.minimization is not None
+    kept = store.get_bytes(minimal.data[0].blob.sha256).decode().splitlines()  # type: ignore[union-attr]
+    assert kept == ['{"id": 37}', '{"id": 81}']
+    assert result.replays >= result.oracle_calls
+
+
+def test_minimizing_a_failure_that_never_reproduced_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    store, bundle = _capture(root, "raise SystemExit(1)\n", rows=3)
+    with (
+        Replayer(store, load_manifest(store, bundle), ProcessSandbox()) as replayer,
+        pytest.raises(MinimizeError, match="never reproduced"),
+    ):
+        Minimizer(store, replayer, bundle, failure_rate=0.0)
