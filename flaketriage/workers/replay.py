@@ -25,6 +25,8 @@ from flaketriage.workers.verdict import Outcome
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
 _PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+PRIVATE_TMP = "/tmp"
+"""Sandboxes give each replay its own /tmp."""
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "FLAKETRIAGE_REPLAY": "1"}
 
 
@@ -77,6 +79,7 @@ class Replayer:
         self._count = 0
         self._moved: list[tuple[str, str]] = []
         self._moved_for: Path | None = None
+        self._interpreters = self._interpreter_dirs()
 
     def __enter__(self) -> Replayer:
         return self
@@ -127,18 +130,32 @@ class Replayer:
         env["PWD"] = str(ws.cwd)
         return env
 
-    def _exposed(self) -> list[Path]:
-        """Interpreter directories inside the original workspace that the run still needs."""
+    def _interpreter_dirs(self) -> list[Path]:
+        """Interpreter directories the sandbox would hide: in the original workspace or under /tmp.
+
+        A virtualenv inside the project, or one in /tmp, must stay readable (and is never moved
+        into the replay's workspace) or the command could not even start.
+        """
         env = self.manifest.command.env
+        argv0 = self.manifest.command.argv[0] if self.manifest.command.argv else ""
         candidates = [p for p in env.get("PATH", "").split(os.pathsep) if p]
         candidates += [env[v] for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in env]
-        roots = [Path(r) for r in _original_roots(self.manifest)]
+        if os.path.isabs(argv0):
+            candidates.append(os.path.dirname(argv0))
+        hidden = [Path(r) for r in _original_roots(self.manifest)] + [Path(PRIVATE_TMP)]
         out: list[Path] = []
         for c in candidates:
             path = Path(c)
-            if any(path == r or r in path.parents for r in roots) and path.exists():
-                out.append(path if path.name != "bin" else path.parent)
+            if any(path == h or h in path.parents for h in hidden) and path.exists():
+                keep = path.parent if path.name == "bin" else path
+                if keep not in out:
+                    out.append(keep)
         return out
+
+    def _move_arg(self, arg: str, ws: Workspace) -> str:
+        if any(arg.startswith(str(d) + os.sep) for d in self._interpreters):
+            return arg  # an interpreter stays where it is
+        return self._rewrite(arg, ws)
 
     # -- one run --------------------------------------------------------------------------------
     def run(self, variant: Variant | None = None) -> ReplayResult:
@@ -150,14 +167,14 @@ class Replayer:
             if variant and variant.data:
                 self._apply_subsets(ws, variant.data)
             spec = SandboxSpec(
-                argv=[self._rewrite(a, ws) for a in argv],
+                argv=[self._move_arg(a, ws) for a in argv],
                 workspace=ws.root,
                 cwd=ws.cwd,
                 env=self.environment(ws),
                 timeout_s=self.timeout_s,
                 memory_mb=self.memory_mb,
                 hide=[Path(r) for r in _original_roots(self.manifest)],
-                expose=self._exposed(),
+                expose=self._interpreters,
             )
             result = self.sandbox.run(spec)
             return self._classify(result, ws)

@@ -114,3 +114,21 @@ def test_masked_secrets_are_refilled_from_this_machine(tmp_path: Path) -> None:
         assert replayer.run().process.stdout.strip() == "runner-token-abc"
     with Replayer(store, manifest, ProcessSandbox(), base_env={}) as replayer:
         assert replayer.run().process.stdout.strip() == "None"
+
+
+@pytest.mark.parametrize("where", ["inside-project", "elsewhere-in-tmp"])
+def test_interpreters_in_hidden_places_stay_usable(tmp_path: Path, where: str) -> None:
+    import subprocess
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    env_dir = root / ".venv" if where == "inside-project" else tmp_path / "elsewhere" / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = str(env_dir / "bin" / "python")
+    (root / "job.py").write_text("import sys; print(sys.prefix); raise SystemExit(3)\n")
+    (root / ".gitignore").write_text(".venv/\n")
+    store, manifest = _capture(root, [python, "job.py"], env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin"})
+    with Replayer(store, manifest, BubblewrapSandbox()) as replayer:
+        result = replayer.run()
+    assert result.outcome is Outcome.REPRODUCED, result.process.stderr
+    assert result.process.stdout.strip() == str(env_dir)
