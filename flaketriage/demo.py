@@ -185,7 +185,10 @@ def run_demo(keep: bool = True) -> Path:
     for tri_result in (tri, tri_flaky):
         report = tri_result["report"]
         assert isinstance(report, dict)
-        out.print(f"  {report['kind']}: {report['location']}")
+        if report["kind"] == "none":
+            out.print(f"  no report for {str(tri_result['bundle'])[:12]} (verdict {tri_result['verdict']})")
+        else:
+            out.print(f"  {report['kind']}: {report['location']}")
     out.print(f"  bundles: flaketriage bundle list --store {root / '.flaketriage'}")
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
