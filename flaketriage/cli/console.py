@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from flaketriage.settings import Settings
-from flaketriage.store import LocalStore, Store
 
 # Results go to stdout (plain when piped); progress and diagnostics go to stderr.
 out = Console(highlight=False, soft_wrap=True)
@@ -32,10 +31,6 @@ def settings_for(store: Path | None) -> Settings:
     if store is not None:
         settings = settings.model_copy(update={"store": store})
     return settings
-
-
-def open_settings_store(settings: Settings, readonly: bool = False) -> Store:
-    return LocalStore(settings.store, readonly=readonly)
 
 
 @contextmanager

@@ -25,14 +25,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def encode(data: bytes) -> bytes:
     """The stored form of `data`: zstd where that saves space, raw otherwise."""
     if len(data) >= _MIN_COMPRESS:
