@@ -92,3 +92,56 @@ def test_minimizing_a_failure_that_never_reproduced_is_refused(tmp_path: Path) -
         pytest.raises(MinimizeError, match="never reproduced"),
     ):
         Minimizer(store, replayer, bundle, failure_rate=0.0)
+
+
+def _capture_data(root: Path, script: str, data: str) -> tuple[LocalStore, str]:
+    (root / "job.py").write_text(script)
+    store = LocalStore(root.parent / "store")
+    request = CaptureRequest(
+        argv=[sys.executable, "job.py"], cwd=root, limits=LIMITS, data=[Path(data)], echo=False
+    )
+    result = run_and_capture(store, request)
+    assert result.bundle_id, result.process.stderr
+    return store, result.bundle_id
+
+
+def _minimize(store: LocalStore, bundle: str) -> tuple[dict[str, tuple[int, int]], str]:
+    with Replayer(store, load_manifest(store, bundle), ProcessSandbox()) as replayer:
+        result = Minimizer(store, replayer, bundle, failure_rate=1.0).run()
+    return result.data, result.bundle_id
+
+
+def test_npy_rows_are_minimized_along_the_first_axis(tmp_path: Path) -> None:
+    import numpy as np
+    root = tmp_path / "proj"
+    root.mkdir()
+    features = np.ones((64, 3), dtype=np.float32)
+    features[41, 2] = np.nan
+    np.save(root / "features.npy", features)
+    script = (
+        "import numpy as np\nx = np.load('features.npy')\nassert np.isfinite(x).all(), 'non-finite feature'\n"
+    )
+    store, bundle = _capture_data(root, script, "features.npy")
+    data, minimal = _minimize(store, bundle)
+    assert data == {"features.npy": (1, 64)}
+    out = tmp_path / "min.npy"
+    store.get_file(load_manifest(store, minimal).data[0].blob.sha256, out)  # type: ignore[union-attr]
+    kept = np.load(out)
+    assert kept.shape == (1, 3) and kept.dtype == np.float32 and np.isnan(kept[0, 2])
+
+
+def test_directory_entries_are_minimized(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    (root / "shards").mkdir(parents=True)
+    for i in range(30):
+        (root / "shards" / f"part-{i:03d}.txt").write_text("corrupt" if i == 17 else f"ok {i}")
+    script = (
+        "import os\n"
+        "for name in sorted(os.listdir('shards')):\n"
+        "    if open(os.path.join('shards', name)).read() == 'corrupt':\n"
+        "        raise ValueError('corrupt shard')\n"
+    )
+    store, bundle = _capture_data(root, script, "shards")
+    data, minimal = _minimize(store, bundle)
+    assert data == {"shards": (1, 30)}
+    assert [f.path for f in load_manifest(store, minimal).data[0].files] == ["part-017.txt"]
