@@ -14,7 +14,11 @@
     ├── CaptureError                  running and recording the failing command
     ├── SandboxError                  materializing a workspace or running a replay in isolation
     ├── MinimizeError                 reducing a failing bundle
-    └── ReportError                   writing an issue or a quarantine entry
+    ├── ReportError                   writing an issue or a quarantine entry
+    ├── NotifyError                   sending an event to the service (the event waits in the outbox)
+    ├── SignatureError                a signed request's signature is missing, wrong, or stale
+    └── GuardError                    a numeric guard: torch missing, or a check or policy it cannot honour
+        └── NumericFault              a guard check tripped in training (non-finite loss, a spike, ...)
 
 Messages say what was expected, what was seen, and what to do next, because they reach
 people through the CLI without a traceback.
@@ -88,3 +92,53 @@ class MinimizeError(FlaketriageError):
 
 class ReportError(FlaketriageError):
     """Writing an issue or a quarantine entry failed."""
+
+
+class NotifyError(FlaketriageError):
+    """Sending an event to the service failed; callers queue it in the outbox instead.
+
+    ``status`` is the HTTP status the service answered with (None when it was not reached).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def event_rejected(self) -> bool:
+        """The service refused this event itself (not the sender, the URL or its own health):
+        other events may still go through."""
+        return self.status in (400, 409, 413, 415, 422)
+
+
+class SignatureError(FlaketriageError):
+    """A signed request's signature is missing, malformed, does not match, or is too old or new."""
+
+
+class GuardError(FlaketriageError):
+    """A numeric guard cannot work: torch is missing, or a check or policy is set up wrongly."""
+
+
+class NumericFault(GuardError):
+    """A numeric guard check tripped: the training step it names went non-finite or out of bounds.
+
+    ``check`` names the check (``loss_nonfinite``, ``grad_norm``, ...), ``step`` the training step,
+    ``where`` the first offending parameter or module when one was found, and ``bundle_id`` the
+    bundle captured for it (None when capture was off or failed). The message carries no bundle id
+    or path, so a replay that trips the same way has the same failure fingerprint.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        check: str,
+        step: int,
+        where: str | None = None,
+        bundle_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.check = check
+        self.step = step
+        self.where = where
+        self.bundle_id = bundle_id

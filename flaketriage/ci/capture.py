@@ -18,6 +18,7 @@ from typing import Literal
 from flaketriage.bundle import write_bundle
 from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
+from flaketriage.ci.sentry import after_capture
 from flaketriage.ci.source import SourceLimits, SourcePlan, capture_source, git_root, plan_source
 from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
@@ -145,14 +146,19 @@ def record_failure(
     checkpoint: bytes | Path | None = None,
     annotations: Mapping[str, object] | None = None,
     timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    plan: SourcePlan | None = None,
 ) -> str:
     """Write a bundle for a failure seen inside this process (a guard trip, a test hook).
 
     The command that reruns it defaults to this interpreter with this process's arguments; data
-    inputs are already stored (`trees.store_data_input`). Returns the bundle id.
+    inputs are already stored (`trees.store_data_input`). `env` is the environment the rerun gets
+    (default: this process's); `plan` lists the source files as they were before the failing work
+    started (default: listed now, which counts files the process wrote as inputs). Returns the
+    bundle id.
     """
     cwd = (cwd or Path.cwd()).resolve()
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     redactor = Redactor()
     refs = {name: store.put_bytes(blob) for name, blob in (attachments or {}).items()}
     ckpt = None
@@ -164,7 +170,7 @@ def record_failure(
             argv=list(argv) if argv is not None else [sys.executable, *sys.argv],
             cwd=cwd,
             kind=kind,
-            plan=plan_source(cwd, snapshot=snapshot),
+            plan=plan if plan is not None else plan_source(cwd, snapshot=snapshot),
             limits=limits,
             env=env,
             # This process's hash seed is only known when it was set before it started.
@@ -183,7 +189,7 @@ def record_failure(
         ),
         redactor,
     )
-    return write_bundle(store, manifest)
+    return after_capture(write_bundle(store, manifest))
 
 
 def _choose_seeds(env: dict[str, str], seed_env: Sequence[str]) -> Seeds:

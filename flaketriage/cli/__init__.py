@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from flaketriage import __version__
-from flaketriage.cli import bundles, run
+from flaketriage.cli import bundles, notify, run
 from flaketriage.cli.console import err
 from flaketriage.errors import FlaketriageError
 
@@ -23,6 +23,7 @@ app = typer.Typer(
 app.add_typer(bundles.app, name="bundle")
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
 app.command()(run.triage)
+app.command()(notify.notify)
 
 
 def _version(value: bool) -> None:

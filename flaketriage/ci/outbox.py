@@ -1,0 +1,153 @@
+"""The outbox: events that could not be sent, one JSON file each, waiting for the next run to flush.
+
+A file is named ``<event_id>.json`` and holds the event's canonical body, written through a temp
+file and a rename, so a crash never leaves half an event and concurrent writers (pytest-xdist
+workers) never collide. Two processes flushing at once may both send an event; the receiver
+dedupes by ``event_id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from flaketriage.errors import NotifyError, StoreNotWritableError
+from flaketriage.events import FailureEvent
+
+_HOLD_FILE = ".hold-until"
+
+
+@dataclass
+class FlushResult:
+    """What one flush did. ``unreachable``: it stopped early because the service took nothing."""
+
+    sent: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    """event id → why it is still in the outbox."""
+    unreachable: bool = False
+    unreadable: list[Path] = field(default_factory=list)
+    """Files that are not an event this flaketriage can read (left in place, never deleted)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "sent": self.sent,
+            "kept": self.kept,
+            "errors": self.errors,
+            "unreachable": self.unreachable,
+            "unreadable": [str(p) for p in self.unreadable],
+        }
+
+
+class Outbox:
+    """Pending events in one directory (created on first write)."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+
+    def path_of(self, event_id: str) -> Path:
+        return self.directory / f"{event_id}.json"
+
+    def put(self, event: FailureEvent) -> Path:
+        """Queue `event` (idempotent: the same event id is one file)."""
+        final = self.path_of(event.event_id)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(event.body())
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StoreNotWritableError(
+                f"cannot queue event {event.event_id} in the outbox {self.directory} "
+                f"({exc.strerror or exc}); set FLAKETRIAGE_OUTBOX_DIR to a writable directory"
+            ) from exc
+        return final
+
+    def remove(self, event_id: str) -> None:
+        self.path_of(event_id).unlink(missing_ok=True)
+
+    def pending(self) -> list[FailureEvent]:
+        """Queued events, oldest first."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[FailureEvent], list[Path]]:
+        if not self.directory.is_dir():
+            return [], []
+        events: list[FailureEvent] = []
+        unreadable: list[Path] = []
+        for path in sorted(self.directory.glob("*.json")):
+            if path.name.startswith("."):
+                continue
+            try:
+                event = FailureEvent.model_validate_json(path.read_bytes())
+            except FileNotFoundError:
+                continue  # another process flushed it meanwhile
+            except (OSError, ValidationError):
+                unreadable.append(path)
+                continue
+            if path.name != f"{event.event_id}.json":
+                unreadable.append(path)
+                continue
+            events.append(event)
+        events.sort(key=lambda e: (e.created_at, e.event_id))
+        return events, unreadable
+
+    def flush(self, send: Callable[[FailureEvent], None]) -> FlushResult:
+        """Send queued events oldest first, deleting each once sent.
+
+        An event the service rejected (`NotifyError.event_rejected`) stays and the flush goes on;
+        any other failure (down, timing out, a wrong URL or secret) stops it, keeping the rest,
+        since they would fail the same way.
+        """
+        events, unreadable = self._scan()
+        result = FlushResult(unreadable=unreadable)
+        for i, event in enumerate(events):
+            try:
+                send(event)
+            except NotifyError as exc:
+                result.kept.append(event.event_id)
+                result.errors[event.event_id] = str(exc)
+                if not exc.event_rejected:
+                    result.unreachable = True
+                    result.kept.extend(e.event_id for e in events[i + 1 :])
+                    break
+            else:
+                self.remove(event.event_id)
+                result.sent.append(event.event_id)
+        return result
+
+    # -- a short pause after the service was unreachable ------------------------------------------
+    # Automatic sends (one per failing test) would each wait through every retry while the
+    # service is down; after one such failure they queue directly until the pause ends.
+    def held(self, now: float | None = None) -> bool:
+        try:
+            until = float((self.directory / _HOLD_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return (time.time() if now is None else now) < until
+
+    def hold(self, seconds: float, now: float | None = None) -> None:
+        until = (time.time() if now is None else now) + seconds
+        with contextlib.suppress(OSError):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self.directory / f".tmp-hold-{os.getpid()}"
+            tmp.write_text(repr(until))
+            tmp.replace(self.directory / _HOLD_FILE)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.directory / _HOLD_FILE).unlink(missing_ok=True)

@@ -1,0 +1,101 @@
+"""Event messages: what a CI job sends to the service at ``POST /v1/events``.
+
+This is the contract between `flaketriage.ci` (the sender) and the orchestrator (the receiver):
+small, versioned by ``schema_version``, unknown fields refused. The body on the wire is the
+event's canonical JSON (sorted keys, no spaces, UTF-8), signed with `flaketriage.signing`. The
+receiver drops a delivery whose ``event_id`` it has already seen, so a sender may retry freely.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flaketriage.manifest import Failure, Manifest, Provenance
+
+EVENTS_SCHEMA_VERSION = 1
+MAX_MESSAGE_CHARS = 1_000
+"""A summary's message is cut to this; the bundle keeps the whole one."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreLocation(_Model):
+    """Where the receiver finds the bundle: a store directory, or an ``s3://bucket/prefix``."""
+
+    kind: Literal["local", "s3"]
+    location: str = Field(min_length=1)
+
+    @classmethod
+    def parse(cls, text: str | Path) -> StoreLocation:
+        """``s3://...`` is an S3 store; anything else is a directory, made absolute."""
+        raw = str(text)
+        if raw.startswith("s3://"):
+            return cls(kind="s3", location=raw.rstrip("/"))
+        return cls(kind="local", location=str(Path(raw).absolute()))
+
+
+class FailureSummary(_Model):
+    """Enough of the failure to title a case before the bundle is fetched."""
+
+    kind: Literal["exception", "exit", "signal", "pattern", "metric", "timeout", "test"]
+    exception_type: str | None = None
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    test_id: str | None = None
+
+    @classmethod
+    def of(cls, failure: Failure) -> FailureSummary:
+        message = failure.message
+        if message is not None and len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
+        return cls(
+            kind=failure.kind,
+            exception_type=failure.exception_type,
+            message=message,
+            test_id=failure.test_id,
+        )
+
+
+class FailureEvent(_Model):
+    """A failure was captured into a bundle: ``kind = "failure.captured"``."""
+
+    schema_version: Literal[1] = 1
+    event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, pattern=r"^[0-9a-f]{32}$")
+    """Unique per event (uuid4 hex); the receiver dedupes deliveries by it."""
+    kind: Literal["failure.captured"] = "failure.captured"
+    bundle_id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    fingerprint: str = Field(min_length=1, max_length=128)
+    failure: FailureSummary
+    command: tuple[str, ...]
+    """The command that reruns the failure (argv, secrets already redacted by the capture)."""
+    store: StoreLocation
+    provenance: Provenance
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    """When the event was made (UTC); the bundle's manifest says when the failure was captured."""
+
+    @classmethod
+    def for_manifest(
+        cls, manifest: Manifest, store: StoreLocation, provenance: Provenance | None = None
+    ) -> FailureEvent:
+        """A new event (fresh ``event_id``) for a bundle in `store`; provenance defaults to the manifest's."""
+        return cls(
+            bundle_id=manifest.bundle_id,
+            fingerprint=manifest.failure.fingerprint,
+            failure=FailureSummary.of(manifest.failure),
+            command=manifest.command.argv,
+            store=store,
+            provenance=provenance or manifest.provenance,
+        )
+
+    def body(self) -> bytes:
+        """The request body: canonical JSON (sorted keys, no whitespace, UTF-8)."""
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
