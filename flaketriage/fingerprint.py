@@ -537,6 +537,14 @@ def _pattern_failure(
     return None
 
 
+def pytest_failure_info(tests: Sequence[PytestFailure], exit_code: int = 1) -> FailureInfo:
+    """The failure of a pytest run whose short summary listed ``tests``, as `fingerprint_failure`
+    sees it. Filter the list first to fingerprint one test of a run where several failed."""
+    if not tests:
+        raise ConfigError("a pytest failure needs at least one FAILED/ERROR summary line")
+    return _pytest_info(list(tests), exit_code)
+
+
 def _pytest_info(tests: list[PytestFailure], exit_code: int) -> FailureInfo:
     entries = sorted({_pytest_entry(t) for t in tests})
     first = min(tests, key=lambda t: t.nodeid)

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         ge=0,
         description="How long the pytest plugin trusts its cached copy of the service's quarantine list.",
     )
+    quarantine_fetch_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long the pytest plugin waits for the service's quarantine list before it "
+        "falls back to its cached copy (or to no list).",
+    )
     output_tail_lines: int = Field(
         default=200, ge=1, description="Lines of stdout/stderr shown in reports and summaries."
     )

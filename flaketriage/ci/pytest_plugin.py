@@ -1,1 +1,285 @@
-"""The flaketriage pytest plugin (registered under ``pytest11``; off unless enabled)."""
+"""The flaketriage pytest plugin (registered under ``pytest11``; off unless enabled).
+
+Enabled by ``--flaketriage``, the ini option ``flaketriage = true`` or ``FLAKETRIAGE_PYTEST=1``, and
+never inside a replay (``FLAKETRIAGE_REPLAY=1``). Then every failing test becomes a bundle (the
+command that reruns it alone, seeds, output, traceback, and the tests that ran before it in this
+process); a failing test on the quarantine list is reported as quarantined and does not fail the
+session; and the session ends with one summary line.
+
+Only pytest and the standard library are imported here. The capture code (pydantic, the store) is
+imported at the first failure, so a passing suite pays one list append per test.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from flaketriage.ci.pytest_bundle import SessionCapture
+    from flaketriage.ci.quarantine_list import QuarantineList
+    from flaketriage.settings import Settings
+
+ENABLE_ENV = "FLAKETRIAGE_PYTEST"
+REPLAY_ENV = "FLAKETRIAGE_REPLAY"
+QUARANTINED = "quarantined"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flaketriage", "flaketriage: capture failing tests, enforce the quarantine")
+    group.addoption(
+        "--flaketriage",
+        action="store_true",
+        default=False,
+        help="Capture every failing test into a flaketriage bundle and enforce the quarantine list.",
+    )
+    group.addoption(
+        "--flaketriage-store",
+        default=None,
+        metavar="PATH",
+        help="Store for the bundles (default: FLAKETRIAGE_STORE, or ./.flaketriage).",
+    )
+    parser.addini("flaketriage", type="bool", default=False, help="Enable the flaketriage plugin.")
+
+
+def enabled(config: pytest.Config, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this session captures: asked for, and not itself a flaketriage replay."""
+    if environ.get(REPLAY_ENV) == "1":
+        return False
+    asked = environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(config.getoption("flaketriage") or config.getini("flaketriage") or asked)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if enabled(config):
+        config.pluginmanager.register(FlaketriageSession(config), "flaketriage-session")
+
+
+@dataclass(frozen=True)
+class Captured:
+    nodeid: str
+    bundle_id: str
+    quarantined: bool
+
+
+class FlaketriageSession:
+    """The enabled plugin for one session: tracks the run order and captures each failing test."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.started_ns = time.time_ns()
+        self.started = time.monotonic()
+        self.ran: list[str] = []
+        """Ids (relative to the invocation directory) of the tests finished so far, in order."""
+        self.captured: list[Captured] = []
+        self.quarantined: dict[str, str] = {}
+        """node id → what the summary says about its quarantine."""
+        self.notes: list[str] = []
+        self.sent: dict[str, str] = {}
+        self._failed: dict[str, list[pytest.TestReport]] = {}
+        self._settings: Settings | None = None
+        self._capture: SessionCapture | None = None
+        self._quarantine: QuarantineList | None = None
+        option = config.getoption("flaketriage_store")
+        self._store_option = Path(option).resolve() if option else None
+        self.relative = nodeid_relative_to(config.invocation_params.dir, config.rootpath)
+
+    # -- lazily built, at the first failure -----------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            from flaketriage.settings import Settings
+
+            self._settings = Settings()
+        return self._settings
+
+    @property
+    def store_path(self) -> Path:
+        if self._store_option is not None:
+            return self._store_option
+        return (self.config.invocation_params.dir / self.settings.store).resolve()
+
+    def _quarantine_list(self) -> QuarantineList:
+        if self._quarantine is None:
+            from flaketriage.ci.quarantine_list import load_quarantine
+
+            self._quarantine, notes = load_quarantine(self.settings, self.store_path)
+            self.notes += notes
+        return self._quarantine
+
+    def _capturer(self) -> SessionCapture:
+        if self._capture is None:
+            from flaketriage.ci.pytest_bundle import SessionCapture, SessionFacts
+
+            config = self.config
+            randomly = config.pluginmanager.hasplugin("randomly")
+            seed = config.getoption("randomly_seed", None) if randomly else None
+            facts = SessionFacts(
+                invocation_dir=config.invocation_params.dir,
+                rootdir=config.rootpath,
+                verbose=int(config.getoption("verbose") or 0),
+                force_short_summary=bool(config.getoption("force_short_summary", False)),
+                started_ns=self.started_ns,
+                randomly_seed=seed if isinstance(seed, int) else None,
+            )
+            self._capture = SessionCapture(self.store_path, facts, self.settings)
+        return self._capture
+
+    # -- hooks ----------------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # tryfirst: a quarantined failure is marked before the session counts it as failed.
+        if getattr(report, "node", None) is not None:
+            return  # a pytest-xdist worker's report, already handled in that worker
+        if report.failed:
+            self._failed.setdefault(report.nodeid, []).append(report)
+            self._check_quarantine(report)
+        if report.when == "teardown":
+            failed = self._failed.pop(report.nodeid, None)
+            rel = self.relative(report.nodeid)
+            if failed:
+                self._record(rel, failed)
+            self.ran.append(rel)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.captured:
+            return
+        try:
+            send = self._sender()
+        except Exception as exc:  # a broken sender must never fail the run
+            self.notes.append(f"cannot load the event sender: {type(exc).__name__}: {exc}")
+            send = None
+        for c in self.captured:
+            if send is None:
+                self.sent[c.bundle_id] = "off"
+                continue
+            try:
+                self.sent[c.bundle_id] = send(self.settings, self._capturer().store, c.bundle_id)
+            except Exception as exc:  # sending must never fail the run
+                self.sent[c.bundle_id] = "error"
+                self.notes.append(f"could not send bundle {c.bundle_id[:12]}: {exc}")
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> Generator[None]:
+        # The outermost wrapper: written after pytest's short summary, just above the stats line.
+        try:
+            return (yield)
+        finally:
+            self._write_summary(terminalreporter)
+
+    def _write_summary(self, terminalreporter: Any) -> None:
+        write = terminalreporter.write_line
+        for nodeid, what in self.quarantined.items():
+            write(f"flaketriage: QUARANTINED {nodeid} - {what}", yellow=True)
+        for note in dict.fromkeys(self.notes):
+            write(f"flaketriage: warning: {note}", yellow=True)
+        write(summary(self.captured, self.sent))
+
+    # -- work -----------------------------------------------------------------------------------
+    def _check_quarantine(self, report: pytest.TestReport) -> None:
+        if getattr(report, "wasxfail", None) is not None:
+            return  # an xfail that failed strictly, or already marked
+        try:
+            from flaketriage.ci.quarantine_list import entry_link, entry_reason
+
+            rel = self.relative(report.nodeid)
+            entry = self._quarantine_list().match({report.nodeid, rel}, self._fingerprint(report, rel))
+        except Exception as exc:  # the quarantine list must never fail the run
+            self.notes.append(f"cannot check the quarantine list: {exc}")
+            return
+        if entry is None:
+            return
+        link = entry_link(entry)
+        what = entry_reason(entry) + (f" ({link})" if link else "")
+        # With `wasxfail` set the session does not count the failure (nor -x, nor --pdb), and the
+        # teststatus hook above reports it as quarantined.
+        report.wasxfail = f"quarantined: {what}"
+        report.flaketriage_quarantined = what  # type: ignore[attr-defined]
+        self.quarantined[rel] = what
+        if not self.config.pluginmanager.has_plugin(QuarantineStatus.name):
+            # Registered at the first quarantined failure, so a suite without one pays nothing.
+            self.config.pluginmanager.register(QuarantineStatus(), QuarantineStatus.name)
+
+    def _fingerprint(self, report: pytest.TestReport, rel: str) -> str | None:
+        if not self._quarantine_list().entries:
+            return None
+        from flaketriage.ci.pytest_bundle import FailedTest, failure_info, rerun_env
+
+        failure = FailedTest(nodeid=rel, reports=[report], preceding=())
+        return failure_info(failure, rerun_env(os.environ), self._capturer().facts).fingerprint
+
+    def _record(self, rel: str, reports: list[pytest.TestReport]) -> None:
+        quarantined = any(getattr(r, "flaketriage_quarantined", None) for r in reports)
+        annotations: dict[str, Any] = {}
+        if quarantined:
+            annotations["quarantined"] = self.quarantined.get(rel, True)
+        try:
+            from flaketriage.ci.pytest_bundle import FailedTest
+
+            failure = FailedTest(
+                nodeid=rel,
+                reports=reports,
+                preceding=list(dict.fromkeys(self.ran)),
+                elapsed_s=time.monotonic() - self.started,
+                annotations=annotations,
+            )
+            bundle_id = self._capturer().capture(failure)
+        except Exception as exc:  # a capture problem must never fail the run
+            self.notes.append(f"could not capture {rel}: {type(exc).__name__}: {exc}")
+            return
+        self.captured.append(Captured(rel, bundle_id, quarantined))
+
+    @staticmethod
+    def _sender() -> Any:
+        try:
+            from flaketriage.ci import notify
+        except ModuleNotFoundError as exc:
+            if exc.name in ("flaketriage.ci.notify", "flaketriage.ci"):
+                return None
+            raise
+        return getattr(notify, "send_or_queue", None)
+
+
+class QuarantineStatus:
+    """Reports a quarantined failure as its own outcome: ``Q`` / ``QUARANTINED`` / "1 quarantined"."""
+
+    name = "flaketriage-quarantine-status"
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, tuple[str, Mapping[str, bool]]] | None:
+        if report.failed and getattr(report, "flaketriage_quarantined", None):
+            return QUARANTINED, "Q", ("QUARANTINED", {"yellow": True})
+        return None
+
+
+def nodeid_relative_to(invocation_dir: Path, rootdir: Path) -> Callable[[str], str]:
+    """Node ids (relative to the root directory) as pytest prints them: relative to where it ran."""
+    if invocation_dir == rootdir:
+        return str
+
+    def relative(nodeid: str) -> str:
+        path, sep, rest = nodeid.partition("::")
+        rel = os.path.relpath(rootdir / path, invocation_dir).replace(os.sep, "/")
+        return rel + sep + rest
+
+    return relative
+
+
+def summary(captured: list[Captured], sent: Mapping[str, str]) -> str:
+    """``flaketriage: captured N failure(s): <ids> (sent: yes/no/queued)``."""
+    if not captured:
+        return "flaketriage: captured 0 failures"
+    ids = " ".join(c.bundle_id[:12] for c in captured)
+    words = {"sent": "yes", "queued": "queued", "off": "no", "error": "no"}
+    states = [words.get(sent.get(c.bundle_id, "off"), "no") for c in captured]
+    distinct = dict.fromkeys(states)
+    how = states[0] if len(distinct) == 1 else ", ".join(f"{states.count(s)} {s}" for s in distinct)
+    return f"flaketriage: captured {len(captured)} failure(s): {ids} (sent: {how})"

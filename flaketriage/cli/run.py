@@ -163,8 +163,23 @@ def triage(
     out.print(
         f"[bold]{data['verdict']}[/bold]: reproduced {data['failures']} of {data['replays']} replays "
         f"(rate {rate['estimate']:.2f}, 95% interval {rate['low']:.2f}–{rate['high']:.2f})"
+        + (" when run alone" if result.polluters else "")
         + ("" if data["decided"] else " — undecided at --max-replays")
     )
+    if result.polluters:
+        search = data["polluter_search"]
+        out.print(f"order-dependent: fails after {' '.join(result.polluters)}", markup=False)
+        out.print(
+            f"  found among {search['preceding']} preceding tests in {search['replays']} replays "
+            f"(confirmed {search['confirmations']})"
+        )
+    elif data["polluter_search"] and data["polluter_search"]["reproduced_in_order"]:
+        search = data["polluter_search"]
+        out.print(
+            f"  the original test order reproduced the failure, but the polluters found "
+            f"({' '.join(search['polluters'])}) did not confirm ({search['confirmations']})",
+            markup=False,
+        )
     for finding in result.findings:
         out.print(f"  different failure ({finding.count}×): {finding.summary}", markup=False)
     if result.minimized:

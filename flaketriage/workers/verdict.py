@@ -68,6 +68,9 @@ class Verdict(StrEnum):
     FLAKY = "flaky"
     NOT_REPRODUCED = "not_reproduced"
     DIFFERENT_FAILURE = "different_failure"
+    ORDER_DEPENDENT = "order_dependent"
+    """Passes alone, fails after certain earlier tests (its polluters). The sequential test never
+    gives it: triage does, after searching the tests that ran before (`workers.polluters`)."""
 
 
 def _smallest_power_at_most(base: float, target: float) -> int:

@@ -37,6 +37,7 @@ _VERDICT_MEANING = {
     "flaky": "reproduces only some of the time under identical replays",
     "not_reproduced": "did not reproduce on replay",
     "different_failure": "replays fail, but not the way the original run did",
+    "order_dependent": "passes alone and fails only after certain other tests ran first in the same process",
 }
 _ITEM_UNITS = {"csv": "rows", "jsonl": "lines", "npy": "entries", "dir": "files"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -55,12 +56,14 @@ def render_issue(
     store_location: str | None = None,
     findings: Sequence[str] = (),
     environment_specific: bool = False,
+    polluters: Sequence[str] = (),
 ) -> IssueDraft:
     """The issue for `manifest`'s failure after triage; logs are read from `store`.
 
     `store_location` is where people fetch the bundle from (default: ``store.location``);
     `findings` are extra observations (e.g. different failures seen during replay);
-    `environment_specific` marks a failure that reproduces only on the original runner or hardware.
+    `environment_specific` marks a failure that reproduces only on the original runner or hardware;
+    `polluters` are the earlier tests an order-dependent test fails after.
     """
     kind = str(verdict.verdict)
     labels = ["flaketriage", kind]
@@ -68,6 +71,7 @@ def render_issue(
         labels.append(ENVIRONMENT_LABEL)
     sections = [
         _summary(manifest, bundle_id, verdict, environment_specific),
+        _order(manifest, polluters),
         _failure(store, manifest),
         _findings(findings),
         _environment(manifest),
@@ -140,6 +144,9 @@ def _summary(manifest: Manifest, bundle_id: str, verdict: VerdictResult, environ
         if verdict.decided
         else "**undecided**: the replays ran out before the test could decide; this is its best guess"
     )
+    if kind == "order_dependent":
+        counts = f"run alone, it {counts}"
+        decided = "the polluters below make it fail on every confirmation run"
     lines = [
         f"**Verdict: {kind}**: this failure {_VERDICT_MEANING.get(kind, kind)}.",
         "",
@@ -159,6 +166,27 @@ def _summary(manifest: Manifest, bundle_id: str, verdict: VerdictResult, environ
         f"- Bundle: `{bundle_id}`",
     ]
     return "\n".join(lines)
+
+
+def _order(manifest: Manifest, polluters: Sequence[str]) -> str:
+    if not polluters:
+        return ""
+    victim = manifest.failure.test_id or "the test"
+    listed = "\n".join(f"- `{p}`" for p in polluters)
+    return "\n".join(
+        [
+            "## Order dependence",
+            "",
+            f"`{victim}` passes when it runs alone and fails after these tests ran first in the same "
+            "process (they leave state behind: a module global, a file, an environment variable):",
+            "",
+            listed,
+            "",
+            "Reproduce it with exactly these tests, in this order:",
+            "",
+            _fence(shlex.join(["python", "-m", "pytest", "-p", "no:randomly", *polluters, victim]), "bash"),
+        ]
+    )
 
 
 def _failure(store: Store, manifest: Manifest) -> str:

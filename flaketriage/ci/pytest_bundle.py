@@ -1,0 +1,243 @@
+"""The bundle of one failing pytest test: the command that reruns it alone, and its fingerprint.
+
+The fingerprint must be the one a replay computes from the rerun's own output, so it is computed
+from the short-summary lines that rerun prints (``FAILED nodeid - Type: message``), written here
+the way pytest writes them under the rerun's settings: no colour, ``COLUMNS`` fixed in the recorded
+environment, the original verbosity. Imported by the pytest plugin at the first failure only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from flaketriage.ci.capture import record_failure
+from flaketriage.ci.source import SourceLimits, SourcePlan, plan_source
+from flaketriage.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.settings import Settings
+from flaketriage.store import LocalStore
+
+SUMMARY_WIDTH = 1000
+"""``COLUMNS`` of every rerun: pytest cuts summary messages to the terminal width, and a fixed,
+wide one makes the cut (when there is one) the same in the capture and in every replay."""
+
+SUMMARY_HEADER = "=========================== short test summary info ============================"
+
+# Set by pytest (or pytest-xdist) for the running test or worker; a rerun must not inherit them.
+_PROCESS_VARS = (
+    "PYTEST_CURRENT_TEST",
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+    "PYTEST_XDIST_TESTRUNUID",
+)
+
+
+class FailedReport(Protocol):
+    """What the capture reads from a pytest ``TestReport`` (a protocol, so pytest stays unimported)."""
+
+    @property
+    def when(self) -> str | None: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def longrepr(self) -> Any: ...
+    @property
+    def sections(self) -> list[tuple[str, str]]: ...
+    @property
+    def longreprtext(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SessionFacts:
+    """What every bundle of one pytest session shares."""
+
+    invocation_dir: Path
+    rootdir: Path
+    verbose: int
+    force_short_summary: bool
+    started_ns: int
+    """When the session started: files modified since are outputs of the tests, not source."""
+    randomly_seed: int | None = None
+    """pytest-randomly's seed when that plugin shuffled the session."""
+
+
+@dataclass(frozen=True)
+class FailedTest:
+    """One failing test, as the plugin saw it."""
+
+    nodeid: str
+    """The id as the rerun command names it: relative to the invocation directory."""
+    reports: Sequence[FailedReport]
+    preceding: Sequence[str]
+    """Ids (same form) of the tests that ran before it in this process, in order."""
+    elapsed_s: float = 0.0
+    """Seconds from the session's start to the end of this test."""
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+
+
+def rerun_argv(nodeid: str, facts: SessionFacts) -> list[str]:
+    """``python -m pytest NODEID`` with the settings every replay runs it under (the polluter
+    search puts earlier tests just before NODEID)."""
+    argv = [sys.executable, "-m", "pytest", nodeid, "-p", "no:cacheprovider", "-rfE", "--color=no"]
+    if facts.randomly_seed is not None:
+        # The same seed reseeds `random` (and numpy, faker...) for each test the same way; keeping
+        # the order as given lets the polluter search choose it.
+        argv += [f"--randomly-seed={facts.randomly_seed}", "--randomly-dont-reorganize"]
+    else:
+        argv += ["-p", "no:randomly"]
+    if facts.verbose:
+        # Verbosity changes assertion messages (how much of a long value they show).
+        argv.append("-" + ("v" if facts.verbose > 0 else "q") * abs(facts.verbose))
+    if facts.force_short_summary:
+        argv.append("--force-short-summary")
+    return argv
+
+
+def rerun_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment recorded for the rerun: this one, less pytest's per-process variables."""
+    env = {k: v for k, v in environ.items() if k not in _PROCESS_VARS}
+    env["COLUMNS"] = str(SUMMARY_WIDTH)
+    return env
+
+
+def _on_ci(env: Mapping[str, str]) -> bool:
+    # pytest never cuts summary messages on CI (its `running_on_ci`): the same variables, read from
+    # the environment the rerun gets.
+    return any(env.get(name) for name in ("CI", "BUILD_NUMBER"))
+
+
+def _width(text: str) -> int:
+    try:
+        from _pytest._io.wcwidth import wcswidth
+    except ImportError:  # pragma: no cover - pytest moved it; ASCII messages measure the same
+        return len(text)
+    return wcswidth(text)
+
+
+def _trimmed(msg: str, available: int) -> str | None:
+    """pytest's ``_format_trimmed(" - {}", msg, available)``: the first line, cut with "..."."""
+    msg = msg.split("\n", 1)[0]
+    if available < 3 + 3:
+        return None
+    if 3 + _width(msg) > available:
+        available -= 3
+        msg = msg[:available]
+        while 3 + _width(msg) > available:
+            msg = msg[:-1]
+        msg += "..."
+    return f" - {msg}"
+
+
+def summary_line(report: FailedReport, nodeid: str, env: Mapping[str, str], facts: SessionFacts) -> str:
+    """The line the rerun prints for this report in its short test summary."""
+    word = "FAILED" if report.when == "call" else "ERROR"
+    line = f"{word} {nodeid}"
+    longrepr = report.longrepr
+    if isinstance(longrepr, str):
+        msg: str | None = longrepr
+    else:
+        msg = getattr(getattr(longrepr, "reprcrash", None), "message", None)
+    if msg is None:
+        return line
+    if (_on_ci(env) or facts.verbose >= 2) and not facts.force_short_summary:
+        return f"{line} - {msg}"
+    tail = _trimmed(msg, SUMMARY_WIDTH - _width(line))
+    return line + (tail or "")
+
+
+def summary_lines(failure: FailedTest, env: Mapping[str, str], facts: SessionFacts) -> list[str]:
+    """The rerun's short test summary for this test: failures first, then errors (``-rfE``)."""
+    lines = [summary_line(r, failure.nodeid, env, facts) for r in failure.reports]
+    return sorted(lines, key=lambda line: not line.startswith("FAILED"))
+
+
+def failure_info(failure: FailedTest, env: Mapping[str, str], facts: SessionFacts) -> FailureInfo:
+    """The failure a replay of the rerun command sees: parsed from the same summary text."""
+    summary = "\n".join([SUMMARY_HEADER, *summary_lines(failure, env, facts)]) + "\n"
+    info = fingerprint_failure(exit_code=1, stdout=summary, stderr="")
+    if info is None:  # pragma: no cover - the summary always names the test
+        raise AssertionError(f"no failure parsed from {summary!r}")
+    traceback = "\n\n".join(r.longreprtext for r in failure.reports if r.longreprtext)
+    return dataclasses.replace(info, traceback=traceback or None)
+
+
+def _logs(failure: FailedTest, summary: Sequence[str]) -> tuple[str, str]:
+    """The test's output as pytest shows it: sections, the failure, the summary lines."""
+    out: list[str] = []
+    err: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for report in failure.reports:
+        for title, text in report.sections:
+            if (title, text) in seen:  # each phase's report repeats the earlier phases' sections
+                continue
+            seen.add((title, text))
+            (err if "stderr" in title else out).append(f"----- {title} -----\n{text}")
+    out += [r.longreprtext for r in failure.reports if r.longreprtext]
+    out += [SUMMARY_HEADER, *summary]
+    return "\n".join(out) + "\n", "\n".join(err) + ("\n" if err else "")
+
+
+class SessionCapture:
+    """Writes one bundle per failing test into the store; the source is listed once per session."""
+
+    def __init__(self, store_path: Path, facts: SessionFacts, settings: Settings) -> None:
+        self.store = LocalStore(store_path)
+        self.facts = facts
+        self.settings = settings
+        self._plan: SourcePlan | None = None
+
+    def plan(self) -> SourcePlan:
+        """The session's source, without what its tests wrote: the same for every failure."""
+        if self._plan is None:
+            plan = plan_source(self.facts.invocation_dir)
+            # Listed now, after tests ran; a file written or changed since the session started is
+            # an output (a test that writes a file another reads is order-dependent, and a replay
+            # that found the file already there would hide that).
+            kept = {name: st for name, st in plan.files.items() if st[1] < self.facts.started_ns}
+            self._plan = dataclasses.replace(plan, files=kept)
+        return self._plan
+
+    def capture(self, failure: FailedTest, environ: Mapping[str, str] | None = None) -> str:
+        """Write the bundle for one failing test; returns its id."""
+        env = rerun_env(os.environ if environ is None else environ)
+        info = failure_info(failure, env, self.facts)
+        stdout, stderr = _logs(failure, summary_lines(failure, env, self.facts))
+        duration = sum(r.duration for r in failure.reports)
+        seeds: dict[str, int | str] = {}
+        if self.facts.randomly_seed is not None:
+            seeds["pytest-randomly"] = self.facts.randomly_seed
+        annotations = {
+            **failure.annotations,
+            "preceding_tests": list(failure.preceding),
+            "pytest": {
+                "nodeid": failure.nodeid,
+                "rootdir": str(self.facts.rootdir),
+                "invocation_dir": str(self.facts.invocation_dir),
+                "duration_s": round(duration, 3),
+                "elapsed_s": round(failure.elapsed_s, 3),
+            },
+        }
+        return record_failure(
+            self.store,
+            info,
+            argv=rerun_argv(failure.nodeid, self.facts),
+            cwd=self.facts.invocation_dir,
+            kind="test",
+            limits=SourceLimits(
+                max_file_bytes=int(self.settings.snapshot_max_file_mb * 2**20),
+                max_total_bytes=int(self.settings.snapshot_max_total_mb * 2**20),
+            ),
+            seed_values=seeds,
+            stdout=stdout,
+            stderr=stderr,
+            annotations=annotations,
+            # pytest's start-up dominates a rerun of one test.
+            timeout_s=max(60.0, 10 * duration),
+            env=env,
+            plan=self.plan(),
+        )
