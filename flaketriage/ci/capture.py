@@ -21,8 +21,9 @@ from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.sentry import after_capture
 from flaketriage.ci.source import SourceLimits, SourcePlan, capture_source, git_root, plan_source
 from flaketriage.errors import DatasetError
-from flaketriage.fingerprint import FailureInfo, fingerprint_failure, read_metrics
+from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.manifest import BlobRef, Command, DataInput, Failure, FailureCriteria, Manifest, Seeds
+from flaketriage.metrics import read_metrics
 from flaketriage.process import ProcessResult, run_command
 from flaketriage.redaction import Redactor
 from flaketriage.store import Store

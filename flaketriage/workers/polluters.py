@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from flaketriage.fingerprint import parse_pytest_failures, pytest_failure_info
+from flaketriage.fingerprint import pytest_failure_info
 from flaketriage.manifest import Manifest
 from flaketriage.process import ProcessResult
+from flaketriage.tracebacks import parse_pytest_failures
 from flaketriage.workers.reducer import Reducer
 from flaketriage.workers.replay import Replayer, Variant
 

@@ -17,17 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flaketriage.errors import ConfigError
-from flaketriage.fingerprint import (
-    MAX_MESSAGE_CHARS,
-    bound_violation,
-    fingerprint_failure,
-    frame_key,
-    normalize_message,
-    parse_pytest_failures,
-    parse_python_traceback,
-    read_metrics,
-)
+from flaketriage.fingerprint import fingerprint_failure, frame_key
 from flaketriage.manifest import FailureCriteria, MetricBound
+from flaketriage.metrics import bound_violation, read_metrics
+from flaketriage.normalize import MAX_MESSAGE_CHARS, normalize_message
+from flaketriage.tracebacks import parse_pytest_failures, parse_python_traceback
 
 
 def has_control(text: str) -> bool:

@@ -113,6 +113,7 @@ def _minimize(store: LocalStore, bundle: str) -> tuple[dict[str, tuple[int, int]
 
 def test_npy_rows_are_minimized_along_the_first_axis(tmp_path: Path) -> None:
     import numpy as np
+
     root = tmp_path / "proj"
     root.mkdir()
     features = np.ones((64, 3), dtype=np.float32)
