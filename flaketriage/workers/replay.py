@@ -20,14 +20,13 @@ from flaketriage.metrics import read_metrics
 from flaketriage.process import ProcessResult
 from flaketriage.redaction import MASK
 from flaketriage.store import Store
+from flaketriage.workers.interpreter import interpreter_paths
 from flaketriage.workers.materialize import Workspace, materialize
 from flaketriage.workers.sandbox import Sandbox, SandboxSpec
 from flaketriage.workers.verdict import Outcome
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
 _PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
-PRIVATE_TMP = "/tmp"
-"""Sandboxes give each replay its own /tmp."""
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "FLAKETRIAGE_REPLAY": "1"}
 
 
@@ -54,6 +53,14 @@ def _original_roots(manifest: Manifest) -> list[str]:
     if manifest.source.repo_path:
         roots.add(manifest.source.repo_path)
     return sorted(roots, key=len, reverse=True)  # the longest prefix is rewritten first
+
+
+def _environment_root(path: Path) -> Path | None:
+    """The virtualenv or conda environment that contains `path`, if any."""
+    for candidate in (path, *path.parents):
+        if (candidate / "pyvenv.cfg").is_file() or (candidate / "conda-meta").is_dir():
+            return candidate
+    return None
 
 
 class Replayer:
@@ -135,7 +142,8 @@ class Replayer:
         """Interpreter directories the sandbox would hide: in the original workspace or under /tmp.
 
         A virtualenv inside the project, or one in /tmp, must stay readable (and is never moved
-        into the replay's workspace) or the command could not even start.
+        into the replay's workspace) or the command could not even start. The original workspace
+        itself stays hidden even when it is an editable install: the replay runs the bundle's copy.
         """
         env = self.manifest.command.env
         argv0 = self.manifest.command.argv[0] if self.manifest.command.argv else ""
@@ -143,14 +151,24 @@ class Replayer:
         candidates += [env[v] for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in env]
         if os.path.isabs(argv0):
             candidates.append(os.path.dirname(argv0))
-        hidden = [Path(r) for r in _original_roots(self.manifest)] + [Path(PRIVATE_TMP)]
+        candidates.append(str(SITECUSTOMIZE_DIR))
+        probe_env = {**self.base_env, **{k: v for k, v in env.items() if MASK not in v}}
+        candidates += [str(p) for p in interpreter_paths(argv0, probe_env)] if argv0 else []
+        roots = [Path(r) for r in _original_roots(self.manifest)]
         out: list[Path] = []
         for c in candidates:
             path = Path(c)
-            if any(path == h or h in path.parents for h in hidden) and path.exists():
-                keep = path.parent if path.name == "bin" else path
-                if keep not in out:
-                    out.append(keep)
+            if not path.exists() or path in roots or any(path in r.parents for r in roots):
+                continue
+            if any(r in path.parents for r in roots):
+                # Inside the original workspace only an environment may show through.
+                env_root = _environment_root(path)
+                if env_root is None:
+                    continue
+                path = env_root
+            keep = path.parent if path.name == "bin" else path
+            if keep not in out:
+                out.append(keep)
         return out
 
     def _move_arg(self, arg: str, ws: Workspace) -> str:

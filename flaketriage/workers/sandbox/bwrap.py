@@ -6,6 +6,7 @@ is private, and only the replay's workspace is writable.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -13,9 +14,31 @@ from flaketriage.errors import SandboxError
 from flaketriage.process import ProcessResult, run_command
 from flaketriage.workers.sandbox.base import Sandbox, SandboxSpec, limits_preexec
 
+PRIVATE_TMP = "/tmp"
+
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
+
+
+def _needed(spec: SandboxSpec) -> list[Path]:
+    """What the run must still read under the private /tmp or a hidden path.
+
+    The caller's `expose` list, plus what the spec itself shows: the environment of the
+    executable (a virtualenv's root when it sits in ``bin/``) and ``PYTHONPATH`` entries.
+    """
+    candidates = [Path(p) for p in spec.expose]
+    exe = shutil.which(spec.argv[0], path=spec.env.get("PATH")) if spec.argv else None
+    if exe is not None:
+        parent = Path(exe).parent
+        candidates.append(parent.parent if parent.name == "bin" else parent)
+    candidates += [Path(p) for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    covered = [Path(PRIVATE_TMP), *(Path(h) for h in spec.hide)]
+    out: list[Path] = []
+    for path in candidates:
+        if path.exists() and any(c in path.parents for c in covered) and path not in out:
+            out.append(path)
+    return out
 
 
 class BubblewrapSandbox(Sandbox):
@@ -34,16 +57,15 @@ class BubblewrapSandbox(Sandbox):
         argv = [self.executable, "--die-with-parent", "--unshare-all"]
         if spec.network:
             argv.append("--share-net")
-        argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", PRIVATE_TMP]
         workspace = spec.workspace.resolve()
         for hidden in spec.hide:
             hidden = Path(hidden).resolve()
             # Never hide the workspace itself or a parent of it: the run needs it.
             if hidden.is_dir() and hidden != workspace and hidden not in workspace.parents:
                 argv += ["--tmpfs", str(hidden)]
-        for exposed in spec.expose:
-            if Path(exposed).exists():
-                argv += ["--ro-bind", str(exposed), str(exposed)]
+        for exposed in _needed(spec):
+            argv += ["--ro-bind", str(exposed), str(exposed)]
         argv += ["--bind", str(workspace), str(workspace), "--chdir", str(spec.cwd)]
         argv += ["--setenv", "TMPDIR", "/tmp", "--"]
         return argv + list(spec.argv)
