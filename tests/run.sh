@@ -20,5 +20,5 @@ python3 -m venv .venv
 . .venv/bin/activate
 # torch from the pinned CPU build first (any other torch spec downloads gigabytes).
 python -c "import torch" 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0
-pip install -q --disable-pip-version-check -e '.[dev,demo,guards,sentry]'
+pip install -q --disable-pip-version-check -e '.[dev,demo,guards,lightning,huggingface,sentry]'
 python -m pytest "$@"
