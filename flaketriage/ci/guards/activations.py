@@ -1,4 +1,5 @@
-"""Activation checks: output norms of chosen modules, on sampled steps.
+"""Activation checks: output norms of chosen modules, on sampled steps; and the module hooks the
+guard attaches (`Hook`), which copies and pickles of the model drop.
 
 `ActivationProbe` hooks the modules only on sampled steps (a hook on every module costs a slow
 path in ``Module.__call__`` even when it does nothing) and collects each module's output norm into
@@ -7,12 +8,32 @@ one small tensor, in the order the modules ran.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+class Hook:
+    """A module hook that a copy or a pickle of the model turns into a no-op: ``torch.save(model)``
+    and ``copy.deepcopy(model)`` keep working while a guard is attached, and a copy of the model
+    never reports into the guard of the original."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __reduce__(self) -> tuple[type[_NoHook], tuple[()]]:
+        return (_NoHook, ())
+
+
+class _NoHook:
+    def __call__(self, *args: Any) -> None:
+        return None
 
 
 def cuda_ready() -> bool:
@@ -73,7 +94,7 @@ class ActivationProbe:
             return
         self.names, self.norms = [], []
         for name, module in self.modules:
-            self._handles.append(module.register_forward_hook(self._hook(name)))
+            self._handles.append(module.register_forward_hook(Hook(self._hook(name))))
 
     def disarm(self) -> None:
         for handle in self._handles:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flaketriage.ci.guards.activations import Hook
 from flaketriage.ci.guards.guard import NumericGuard
 from flaketriage.errors import GuardError
 
@@ -41,7 +42,7 @@ class NumericGuardCallback(_Base):
         scaler = getattr(optimizer, "scaler", None)
         inner = getattr(optimizer, "optimizer", optimizer)
         self.guard = NumericGuard(model, inner, scaler, hook_optimizer=False, **self.options)
-        self._hook = model.register_forward_hook(self._check_loss)
+        self._hook = model.register_forward_hook(Hook(self._check_loss))
 
     def _check_loss(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.guard is None or not module.training or not torch.is_grad_enabled():

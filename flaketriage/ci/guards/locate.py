@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from flaketriage.ci.guards.activations import cuda_ready, norm_of
+from flaketriage.ci.guards.activations import Hook, cuda_ready, norm_of
 
 BATCH = "the model's inputs (the batch)"
 
@@ -44,7 +44,7 @@ class ForwardRecorder:
         """The guard's step number; calls of an earlier step are forgotten."""
         self.calls: dict[str, _Call] = {}
         self._device_type = next((p.device.type for p in model.parameters()), "cpu")
-        self._handles = [model.register_forward_pre_hook(self._hook(""), with_kwargs=True)]
+        self._handles = [model.register_forward_pre_hook(Hook(self._hook("")), with_kwargs=True)]
         self._children_hooked = False
 
     def end_step(self) -> None:
@@ -57,7 +57,7 @@ class ForwardRecorder:
             return
         self._children_hooked = True
         for name, child in self.model.named_children():
-            self._handles.append(child.register_forward_pre_hook(self._hook(name), with_kwargs=True))
+            self._handles.append(child.register_forward_pre_hook(Hook(self._hook(name)), with_kwargs=True))
 
     def _hook(self, name: str) -> Any:
         def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

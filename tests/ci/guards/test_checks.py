@@ -140,17 +140,17 @@ def test_sampled_checks_run_every_k_steps(loop: Callable[..., Loop]) -> None:
     assert all(r["loss"] is not None for r in history)
     # the CPU defaults: each is a pass over every gradient or parameter in memory
     defaults = loop(grad_every=None).guard
-    assert (defaults.grad_every, defaults.param_every) == (4, 16)
+    assert (defaults.grad_every, defaults.param_every) == (8, 32)
 
 
 def test_a_gradient_fault_between_sampled_steps_shows_in_the_next_loss(loop: Callable[..., Loop]) -> None:
-    run = loop(grad_every=4)
+    run = loop(grad_every=8)
     weight = _linear(run.model[2]).weight
 
     def poison_grad(_: Loop) -> None:
         weight.register_hook(lambda g: g * math.inf)  # type: ignore[no-untyped-call]
 
-    run.before_step[21] = poison_grad  # not a multiple of 4: its gradients are not read
+    run.before_step[21] = poison_grad  # not a multiple of 8: its gradients are not read
     fault = _fault(run, 30)
     assert (fault.check, fault.step, fault.where) == ("loss_nonfinite", 22, "module 2 (Linear)")
 
@@ -274,6 +274,21 @@ def test_a_guard_removes_its_hooks(loop: Callable[..., Loop]) -> None:
         run.run(3)
     assert not run.optimizer._optimizer_step_pre_hooks
     assert not run.model._forward_pre_hooks and not any(m._forward_hooks for m in run.model.modules())
+
+
+def test_the_model_still_pickles_and_copies_with_a_guard_attached(loop: Callable[..., Loop]) -> None:
+    import copy
+    import io
+
+    run = loop(activation_every=1)
+    run.run(2)
+    assert run.guard._probe is not None and run.guard._probe.armed  # hooks on every layer right now
+    torch.save(run.model, io.BytesIO())
+    twin = copy.deepcopy(run.model)
+    twin(torch.randn(2, 8))  # the copy's hooks do nothing: the guard only sees its own model
+    recorder = run.guard._forward
+    assert recorder is not None and all(c.step == 1 for c in recorder.calls.values())
+    run.run(4)
 
 
 def test_stats_are_json(loop: Callable[..., Loop]) -> None:
