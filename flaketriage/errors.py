@@ -17,6 +17,7 @@
     ├── ReportError                   writing an issue or a quarantine entry
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
+    ├── MissingDependencyError        an optional library is not installed (also an ImportError)
     └── GuardError                    a numeric guard: torch missing, or a check or policy it cannot honour
         └── NumericFault              a guard check tripped in training (non-finite loss, a spike, ...)
 
@@ -33,6 +34,14 @@ class FlaketriageError(Exception):
 
 class ConfigError(FlaketriageError):
     """A setting or command-line option has a value that cannot work."""
+
+
+class MissingDependencyError(FlaketriageError, ImportError):
+    """An optional library a feature needs is not installed; the message names the extra."""
+
+    def __init__(self, module: str, needed_for: str, install: str) -> None:
+        super().__init__(f"{needed_for} needs {module}, which is not installed; install it with {install}")
+        self.module = module
 
 
 class StoreError(FlaketriageError):

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from flaketriage.ci.assertions import arrays
 from flaketriage.ci.assertions.finiteness import assert_finite_outputs
+from flaketriage.errors import MissingDependencyError
 
 try:
     import hypothesis
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - hypothesis is in the dev extra
-    raise arrays.MissingDependencyError(
-        "hypothesis", "flaketriage.ci.strategies", "pip install hypothesis"
-    ) from exc
+    raise MissingDependencyError("hypothesis", "flaketriage.ci.strategies", "pip install hypothesis") from exc
 
 if TYPE_CHECKING:
     import torch

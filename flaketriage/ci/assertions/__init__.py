@@ -9,7 +9,6 @@ raises :class:`MissingDependencyError`, which names ``pip install 'flaketriage[g
 
 from __future__ import annotations
 
-from flaketriage.ci.assertions.arrays import MissingDependencyError
 from flaketriage.ci.assertions.distributions import DistributionCheck, assert_same_distribution
 from flaketriage.ci.assertions.drift import AmpDriftError, DriftReport, ModuleDrift, assert_amp_drift_within
 from flaketriage.ci.assertions.equality import TensorMismatchError, assert_exact_equal
@@ -21,6 +20,7 @@ from flaketriage.ci.assertions.thresholds import (
     assert_metric_at_most,
     bootstrap_mean,
 )
+from flaketriage.errors import MissingDependencyError
 
 __all__ = [
     "AmpDriftError",

@@ -12,17 +12,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from flaketriage.errors import FlaketriageError
+from flaketriage.errors import MissingDependencyError
 
 GUARDS_EXTRA = "pip install 'flaketriage[guards]'"
-
-
-class MissingDependencyError(FlaketriageError, ImportError):
-    """An optional library an ML assertion or strategy needs is not installed."""
-
-    def __init__(self, module: str, needed_for: str, install: str = GUARDS_EXTRA) -> None:
-        super().__init__(f"{needed_for} needs {module}, which is not installed; install it with {install}")
-        self.module = module
 
 
 def require(module: str, needed_for: str, install: str = GUARDS_EXTRA) -> ModuleType:
