@@ -55,10 +55,14 @@ def _original_roots(manifest: Manifest) -> list[str]:
     return sorted(roots, key=len, reverse=True)  # the longest prefix is rewritten first
 
 
-def _environment_root(path: Path) -> Path | None:
-    """The virtualenv or conda environment that contains `path`, if any."""
+def _environment_root(path: Path, within: Path) -> Path | None:
+    """The virtualenv, conda environment or Python prefix that holds `path`, below `within`."""
     for candidate in (path, *path.parents):
+        if candidate == within or within not in candidate.parents:
+            return None
         if (candidate / "pyvenv.cfg").is_file() or (candidate / "conda-meta").is_dir():
+            return candidate
+        if any((candidate / "bin").glob("python3*")):  # an installed Python prefix (pyenv, a build)
             return candidate
     return None
 
@@ -160,9 +164,10 @@ class Replayer:
             path = Path(c)
             if not path.exists() or path in roots or any(path in r.parents for r in roots):
                 continue
-            if any(r in path.parents for r in roots):
+            inside = [r for r in roots if r in path.parents]
+            if inside:
                 # Inside the original workspace only an environment may show through.
-                env_root = _environment_root(path)
+                env_root = _environment_root(path, inside[0])
                 if env_root is None:
                     continue
                 path = env_root
@@ -170,6 +175,10 @@ class Replayer:
             if keep not in out:
                 out.append(keep)
         return out
+
+    def _source_root(self) -> Path:
+        """Where the workspace's root was on the capturing machine."""
+        return Path(self.manifest.source.repo_path or self.manifest.command.cwd)
 
     def _move_arg(self, arg: str, ws: Workspace) -> str:
         if any(arg.startswith(str(d) + os.sep) for d in self._interpreters):
@@ -193,6 +202,7 @@ class Replayer:
                 timeout_s=self.timeout_s,
                 memory_mb=self.memory_mb,
                 hide=[Path(r) for r in _original_roots(self.manifest)],
+                mount_at=self._source_root(),
                 expose=self._interpreters,
             )
             result = self.sandbox.run(spec)

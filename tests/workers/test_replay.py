@@ -132,3 +132,18 @@ def test_interpreters_in_hidden_places_stay_usable(tmp_path: Path, where: str) -
         result = replayer.run()
     assert result.outcome is Outcome.REPRODUCED, result.process.stderr
     assert result.process.stdout.strip() == str(env_dir)
+
+
+def test_absolute_paths_into_the_original_workspace_see_the_copy(tmp_path: Path) -> None:
+    """bubblewrap shows the copy at the original path: hard-coded paths and editable installs work."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "config.txt").write_text("captured")
+    (root / "job.py").write_text(f"print(open({str(root / 'config.txt')!r}).read()); raise SystemExit(6)\n")
+    store, manifest = _capture(root, [sys.executable, "job.py"])
+    (root / "config.txt").write_text("changed after the capture")
+    with Replayer(store, manifest, BubblewrapSandbox()) as replayer:
+        result = replayer.run()
+    assert result.outcome is Outcome.REPRODUCED, result.process.stderr
+    assert result.process.stdout.strip() == "captured"
+    assert (root / "config.txt").read_text() == "changed after the capture"

@@ -25,6 +25,9 @@ class SandboxSpec:
     """Paths that must be invisible to the run (the original workspace)."""
     expose: Sequence[Path] = ()
     """Paths under a hidden one that stay readable (a virtualenv inside the original workspace)."""
+    mount_at: Path | None = None
+    """Where the original workspace was: sandboxes that can, show the copy there too, so absolute
+    paths in the code and editable installs of the project resolve to the copy."""
     network: bool = False
 
 

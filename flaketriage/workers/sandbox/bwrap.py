@@ -41,6 +41,16 @@ def _needed(spec: SandboxSpec) -> list[Path]:
     return out
 
 
+def _mount_point(spec: SandboxSpec, workspace: Path) -> Path | None:
+    """Where to show the workspace copy besides its own path, when that is safe."""
+    if spec.mount_at is None:
+        return None
+    target = Path(spec.mount_at)
+    if not target.is_absolute() or target == Path("/") or target == workspace or target in workspace.parents:
+        return None
+    return target
+
+
 class BubblewrapSandbox(Sandbox):
     name = "bwrap"
 
@@ -59,11 +69,16 @@ class BubblewrapSandbox(Sandbox):
             argv.append("--share-net")
         argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", PRIVATE_TMP]
         workspace = spec.workspace.resolve()
+        mount_at = _mount_point(spec, workspace)
         for hidden in spec.hide:
             hidden = Path(hidden).resolve()
+            if mount_at is not None and (hidden == mount_at or mount_at in hidden.parents):
+                continue  # the copy is mounted over it
             # Never hide the workspace itself or a parent of it: the run needs it.
             if hidden.is_dir() and hidden != workspace and hidden not in workspace.parents:
                 argv += ["--tmpfs", str(hidden)]
+        if mount_at is not None:
+            argv += ["--bind", str(workspace), str(mount_at)]
         for exposed in _needed(spec):
             argv += ["--ro-bind", str(exposed), str(exposed)]
         argv += ["--bind", str(workspace), str(workspace), "--chdir", str(spec.cwd)]
