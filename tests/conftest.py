@@ -7,9 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from flaketriage.manifest import Command, Environment, Failure, Manifest
 from flaketriage.store import LocalStore, MemoryStore, Store
+
+# Timing-based checks fail on a loaded 2-core CI runner without saying anything about the code.
+settings.register_profile("flaketriage", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("flaketriage")
 
 
 @pytest.fixture(params=["local", "memory"])
