@@ -115,6 +115,7 @@ def run_command(
         proc.wait()
     except KeyboardInterrupt:
         _kill_group(proc)
+        proc.wait()  # reap it, or it lingers as a zombie until we exit
         raise
     finally:
         if timer is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -73,8 +74,6 @@ def store_data_input(store: Store, path: Path, rel: str) -> DataInput:
 
 def restore_data_input(store: Store, data: DataInput, cwd: Path) -> Path:
     """Write a data input back at its path under `cwd`, replacing what the source put there."""
-    import shutil
-
     target = safe_join(cwd, data.path)
     if target.is_dir() and not target.is_symlink():
         shutil.rmtree(target)

@@ -18,6 +18,7 @@ then decides whether there is anything to search; the polluters found must repro
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,7 +251,7 @@ def report(
         return quarantine.add(
             manifest.failure.fingerprint,
             test_id=manifest.failure.test_id,
-            command=" ".join(manifest.command.argv),
+            command=shlex.join(manifest.command.argv),
             bundle_id=result.bundle_id,
             verdict_evidence={
                 "replays": v.replays,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from flaketriage.ci.assertions import arrays
 from flaketriage.ci.assertions.failure import Context, MLAssertionError, versions_description
+from flaketriage.ci.assertions.finiteness import module_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -220,7 +221,7 @@ class _Run:
         optimizer = self.optimizer_factory(model.parameters())
         scaler = th.amp.GradScaler(self.device.type) if precision == th.float16 else None
         trace = _Trace()
-        with _recording(model, trace):
+        with module_outputs(model, lambda name, module, output: trace.record(name or ROOT, module, output)):
             for step in range(self.steps):
                 trace.begin(step)
                 batch = _to_device(self.batches[step % len(self.batches)], self.device)
@@ -237,20 +238,6 @@ class _Run:
                         scaler.update()
                 trace.losses.append(float(loss.detach().float()))
         return trace
-
-
-@contextmanager
-def _recording(model: nn.Module, trace: _Trace) -> Iterator[None]:
-    """Forward hooks on every module that record its output statistics in ``trace``."""
-    handles = [
-        module.register_forward_hook(lambda m, _inputs, output, n=(name or ROOT): trace.record(n, m, output))
-        for name, module in model.named_modules()
-    ]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _floating_outputs(output: Any, suffix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

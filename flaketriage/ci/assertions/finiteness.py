@@ -7,7 +7,7 @@ bug report.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,23 @@ def assert_finite_outputs(
     raise NonFiniteOutputError("\n".join(lines) + "\n" + run_description(seed, context), tracker.module)
 
 
+@contextmanager
+def module_outputs(model: nn.Module, on_output: Callable[[str, nn.Module, Any], None]) -> Iterator[None]:
+    """Forward hooks on every module of `model` that pass (name, module, output) to `on_output`.
+
+    The root module's name is ``""``. The hooks are removed when the block ends.
+    """
+    handles = [
+        module.register_forward_hook(lambda m, _inputs, output, n=name: on_output(n, m, output))
+        for name, module in model.named_modules()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class _FirstNonFinite:
     """Forward hooks that remember the first module, in execution order, with a non-finite output."""
 
@@ -77,15 +94,8 @@ class _FirstNonFinite:
         if not isinstance(model, th.nn.Module):
             yield
             return
-        handles = [
-            module.register_forward_hook(lambda m, _i, out, n=name: self._seen(n, m, out))
-            for name, module in model.named_modules()
-        ]
-        try:
+        with module_outputs(model, self._seen):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def _seen(self, name: str, module: nn.Module, output: Any) -> None:
         if self.module is None and _first_non_finite(output, "") is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,16 +71,18 @@ class Control(Protocol):
     def restore_last_good(self) -> tuple[int, Callable[[], None]] | None: ...
 
 
-class Policy:
+class Policy(ABC):
     """Base of the policies; `name` is what logs and bundles show."""
 
     name = "policy"
 
     def validate(self, control: Control, check: Check) -> None:
         """Refuse a set-up that cannot work, when the guard is built (not at the first trip)."""
+        return  # most policies work with any check and guard
 
+    @abstractmethod
     def apply(self, control: Control, trip: Trip) -> Action:
-        raise NotImplementedError
+        """Act on a trip and return the record of what was done (with its revert)."""
 
 
 class Raise(Policy):
