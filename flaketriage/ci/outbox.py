@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from flaketriage.atomic import write_atomic
 from flaketriage.errors import NotifyError, StoreNotWritableError
 from flaketriage.events import FailureEvent
 
@@ -59,17 +59,7 @@ class Outbox:
         """Queue `event` (idempotent: the same event id is one file)."""
         final = self.path_of(event.event_id)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(event.body())
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, final)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(final, event.body())
         except OSError as exc:
             raise StoreNotWritableError(
                 f"cannot queue event {event.event_id} in the outbox {self.directory} "

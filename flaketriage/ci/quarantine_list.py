@@ -9,8 +9,6 @@ the service is unreachable: reading the list never fails a CI run, it only adds 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flaketriage.atomic import write_atomic
 from flaketriage.settings import Settings
 
 CACHE_NAME = "quarantine-cache.json"
@@ -157,13 +156,5 @@ def _read_cache(path: Path, url: str) -> tuple[dict[str, Entry], float] | None:
 
 
 def _write_cache(path: Path, url: str, entries: Mapping[str, Entry], fetched_at: float) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"url": url, "fetched_at": fetched_at, "list": {"version": VERSION, "entries": dict(entries)}}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(doc, sort_keys=True).encode())

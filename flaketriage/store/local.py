@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from flaketriage.atomic import write_atomic
 from flaketriage.errors import CorruptObjectError, ObjectNotFoundError, StoreError, StoreNotWritableError
 from flaketriage.manifest import BlobRef
 from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key, decode
@@ -51,24 +52,13 @@ class LocalStore(Store):
         return self.root / "objects" / key[:2] / key[2:]
 
     def _atomic_write(self, final: Path, chunks: Iterator[bytes] | list[bytes]) -> None:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                for chunk in chunks:
-                    fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp_name, final)
+            write_atomic(final, chunks)
         except OSError as exc:
-            Path(tmp_name).unlink(missing_ok=True)
             if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOSPC):
                 raise StoreNotWritableError(
                     f"cannot write {final} ({exc.strerror}); free space or fix permissions on the store"
                 ) from exc
-            raise
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
             raise
 
     # -- primitives ---------------------------------------------------------------------------

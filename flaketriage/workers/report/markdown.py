@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from flaketriage import atomic
 from flaketriage.errors import ReportError
 from flaketriage.workers.report.base import (
     IssueDraft,
@@ -49,26 +49,11 @@ def locked(lock_path: Path) -> Iterator[None]:
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it, and rename it over `path`."""
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        atomic.write_atomic(path, text.encode("utf-8"))
     except OSError as exc:
         raise ReportError(
-            f"cannot write {path} ({exc.strerror or exc}); make {path.parent} writable"
+            f"cannot write {path} ({exc.strerror or exc}); make {path.parent} writable and check free space"
         ) from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, 0o644)  # mkstemp's 0600 would hide the file from the people it is for
-        os.replace(tmp_name, path)
-    except OSError as exc:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise ReportError(
-            f"cannot write {path} ({exc.strerror or exc}); check free space and permissions"
-        ) from exc
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 class MarkdownIssueSink(IssueSink):
