@@ -26,11 +26,11 @@ from flaketriage.manifest import BlobRef, Command, DataInput, Failure, FailureCr
 from flaketriage.metrics import read_metrics
 from flaketriage.process import ProcessResult, run_command
 from flaketriage.redaction import Redactor
+from flaketriage.settings import Settings
 from flaketriage.store import Store
 from flaketriage.trees import relative_to_cwd, store_data_input
 
 HASH_SEED_VAR = "PYTHONHASHSEED"
-DEFAULT_LIMITS = SourceLimits(max_file_bytes=10 << 20, max_total_bytes=200 << 20)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def record_failure(
     argv: Sequence[str] | None = None,
     cwd: Path | None = None,
     kind: Literal["command", "test", "training"] = "training",
-    limits: SourceLimits = DEFAULT_LIMITS,
+    limits: SourceLimits | None = None,
     snapshot: bool = False,
     data: Sequence[DataInput] = (),
     seed_values: Mapping[str, int | str] | None = None,
@@ -172,7 +172,7 @@ def record_failure(
             cwd=cwd,
             kind=kind,
             plan=plan if plan is not None else plan_source(cwd, snapshot=snapshot),
-            limits=limits,
+            limits=limits or SourceLimits.from_settings(Settings()),
             env=env,
             # This process's hash seed is only known when it was set before it started.
             seeds=Seeds(python_hash_seed=env.get(HASH_SEED_VAR), values=dict(seed_values or {})),

@@ -228,10 +228,7 @@ class SessionCapture:
             argv=rerun_argv(failure.nodeid, self.facts),
             cwd=self.facts.invocation_dir,
             kind="test",
-            limits=SourceLimits(
-                max_file_bytes=int(self.settings.snapshot_max_file_mb * 2**20),
-                max_total_bytes=int(self.settings.snapshot_max_total_mb * 2**20),
-            ),
+            limits=SourceLimits.from_settings(self.settings),
             seed_values=seeds,
             stdout=stdout,
             stderr=stderr,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from flaketriage.manifest import FileEntry, Source
+from flaketriage.settings import Settings
 from flaketriage.store import Store
 from flaketriage.trees import store_file
 
@@ -25,8 +26,17 @@ _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 @dataclass(frozen=True)
 class SourceLimits:
+    """Size caps on captured source files; larger ones are listed as skipped."""
+
     max_file_bytes: int
     max_total_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SourceLimits:
+        return cls(
+            max_file_bytes=int(settings.snapshot_max_file_mb * 2**20),
+            max_total_bytes=int(settings.snapshot_max_total_mb * 2**20),
+        )
 
 
 def _git(cwd: Path, *args: str) -> bytes | None:

@@ -72,10 +72,7 @@ def capture(
     request = CaptureRequest(
         argv=command,
         cwd=Path.cwd(),
-        limits=SourceLimits(
-            max_file_bytes=int(settings.snapshot_max_file_mb * 2**20),
-            max_total_bytes=int(settings.snapshot_max_total_mb * 2**20),
-        ),
+        limits=SourceLimits.from_settings(settings),
         criteria=criteria,
         data=data or [],
         seed_env=seed_env or [],

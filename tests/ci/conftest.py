@@ -17,8 +17,9 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from flaketriage.ci import notify
-from flaketriage.ci.capture import DEFAULT_LIMITS, CaptureRequest, run_and_capture
+from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.outbox import Outbox
+from flaketriage.ci.source import SourceLimits
 from flaketriage.errors import SignatureError
 from flaketriage.events import FailureEvent
 from flaketriage.settings import Settings
@@ -170,7 +171,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
         request = CaptureRequest(
             argv=[sys.executable, "-c", code],
             cwd=root / "project",
-            limits=DEFAULT_LIMITS,
+            limits=SourceLimits.from_settings(Settings()),
             echo=False,
             env=env,
         )

@@ -149,10 +149,7 @@ class Recorder:
             argv=self.capture.argv,
             cwd=self.cwd,
             kind="training",
-            limits=SourceLimits(
-                max_file_bytes=int(settings.snapshot_max_file_mb * 2**20),
-                max_total_bytes=int(settings.snapshot_max_total_mb * 2**20),
-            ),
+            limits=SourceLimits.from_settings(settings),
             data=data,
             seed_values={**_torch_seeds(), **self.capture.seeds},
             stderr=evidence.traceback,
