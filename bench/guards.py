@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from flaketriage.ci.guards import NumericGuard
+from flaketriage.guards import NumericGuard
 
 VARIANTS = ("unguarded", "unguarded (A/A)", "per-parameter", "NumericGuard", "detect_anomaly")
 """``unguarded (A/A)`` is a second, identical unguarded loop: its ratio shows the measurement noise."""

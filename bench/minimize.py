@@ -1,4 +1,4 @@
-"""Benchmark: predicate calls the Reducer needs to find culprits, against plain ddmin.
+"""Benchmark: predicate calls the SubsetReducer needs to find culprits, against plain ddmin.
 
 Run from the repository root: ``python bench/minimize.py`` (``--quick`` for fewer culprit positions).
 Every call of the predicate is a replay in real use, so calls are the cost that matters; wall time
@@ -18,11 +18,11 @@ from pathlib import Path
 # Run as a script from a checkout, without installing the package first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flaketriage.workers.reducer import Reducer, ddmin
+from flaketriage.workers.subset_reducer import SubsetReducer, ddmin
 
 SIZES = (1_000, 10_000, 100_000)
 Predicate = Callable[[Sequence[int]], bool]
-HEADER = f"{'n':>8} | {'Reducer mean':>12} {'max':>4} | {'ddmin mean':>10} {'max':>4}"
+HEADER = f"{'n':>8} | {'SubsetReducer mean':>12} {'max':>4} | {'ddmin mean':>10} {'max':>4}"
 
 
 def goal(n: int) -> float:
@@ -35,7 +35,7 @@ def needs_all(culprits: Sequence[int]) -> Predicate:
 
 
 def measure(n: int, culprit_sets: list[list[int]]) -> tuple[list[int], list[int], float, float]:
-    """Calls per culprit set for the Reducer and for ddmin, and their total seconds."""
+    """Calls per culprit set for the SubsetReducer and for ddmin, and their total seconds."""
     ours: list[int] = []
     theirs: list[int] = []
     ours_s = theirs_s = 0.0
@@ -43,7 +43,7 @@ def measure(n: int, culprit_sets: list[list[int]]) -> tuple[list[int], list[int]
     for culprits in culprit_sets:
         predicate = needs_all(culprits)
         start = time.perf_counter()
-        reducer = Reducer(predicate)
+        reducer = SubsetReducer(predicate)
         found = reducer.reduce(items)
         ours_s += time.perf_counter() - start
         assert found == sorted(culprits), (found, culprits)

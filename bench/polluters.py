@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flaketriage.workers.polluters import find_polluters
-from flaketriage.workers.reducer import ddmin
+from flaketriage.workers.subset_reducer import ddmin
 
 SIZES = (10, 100, 1_000)
 Oracle = Callable[[Sequence[str]], bool]

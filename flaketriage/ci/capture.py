@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from flaketriage.bundle import write_bundle
+from flaketriage.child_process import ProcessResult, run_command
 from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.sentry import after_capture
@@ -24,11 +25,10 @@ from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.manifest import BlobRef, Command, DataInput, Failure, FailureCriteria, Manifest, Seeds
 from flaketriage.metrics import read_metrics
-from flaketriage.process import ProcessResult, run_command
 from flaketriage.redaction import Redactor
 from flaketriage.settings import Settings
 from flaketriage.store import Store
-from flaketriage.trees import relative_to_cwd, store_data_input
+from flaketriage.stored_files import relative_to_cwd, store_data_input
 
 HASH_SEED_VAR = "PYTHONHASHSEED"
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flaketriage.manifest import GPU, Environment, Hardware
+from flaketriage.versions import format_cuda_driver_version, format_cudnn_version
 
 NVIDIA_SMI_FIELDS = (
     "index,name,uuid,memory.total,memory.used,utilization.gpu,power.draw,temperature.gpu,driver_version"
@@ -122,21 +123,6 @@ def parse_cuda_version(nvidia_smi_banner: str) -> str | None:
     """The ``CUDA Version: 12.4`` of plain ``nvidia-smi`` output."""
     found = re.search(r"CUDA Version:\s*([0-9]+(?:\.[0-9]+)*)", nvidia_smi_banner)
     return found.group(1) if found else None
-
-
-def format_cudnn_version(version: int) -> str:
-    """``torch.backends.cudnn.version()`` as ``major.minor.patch``.
-
-    cuDNN 8 encodes ``major*1000 + minor*100 + patch`` (8902), cuDNN 9 ``major*10000 + minor*100 +
-    patch`` (90100).
-    """
-    major, rest = divmod(version, 10000) if version >= 10000 else divmod(version, 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
-
-
-def format_cuda_driver_version(version: int) -> str:
-    """NVML's ``nvmlSystemGetCudaDriverVersion`` (12040) as ``12.4``."""
-    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _read(path: str) -> str:

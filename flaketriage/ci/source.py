@@ -18,7 +18,7 @@ from typing import Literal
 from flaketriage.manifest import FileEntry, Source
 from flaketriage.settings import Settings
 from flaketriage.store import Store
-from flaketriage.trees import store_file
+from flaketriage.stored_files import store_file
 
 ALWAYS_SKIPPED = {".git", ".flaketriage", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")

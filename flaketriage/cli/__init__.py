@@ -46,7 +46,7 @@ def demo(
     keep: Annotated[bool, typer.Option(help="Keep the demo project (its path is printed).")] = True,
 ) -> None:
     """Build a small real project with two failures, capture them, triage them, show the reports."""
-    from flaketriage.demo import run_demo
+    from flaketriage.cli.demo import run_demo
 
     run_demo(keep=keep)
 

@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
+from flaketriage.child_process import shell_exit_code
 from flaketriage.cli.console import JsonOption, StoreOption, err, out, progress_bar, settings_for
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
-from flaketriage.process import shell_exit_code
 from flaketriage.store import LocalStore
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from flaketriage.errors import SandboxError
 from flaketriage.manifest import Manifest
 from flaketriage.store import Store
-from flaketriage.trees import restore_data_input, restore_files, safe_join
+from flaketriage.stored_files import restore_data_input, restore_files, safe_join
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A test that failed in its suite but passes alone may depend on what an earlier test left behind (a
 module global, a file, an environment variable). iDFlakies calls the earlier test a *polluter* and the
 failing one its *victim*. The search replays ``pytest P... NODEID`` for subsets P of the tests that
-ran before the victim, in their original order, and reduces them with `Reducer` (QuickXplain, checked
+ran before the victim, in their original order, and reduces them with `SubsetReducer` (QuickXplain, checked
 and backed by ddmin): one polluter among n preceding tests costs about 2·log2(n) replays, where plain
 ddmin pays more (``bench/polluters.py``). The victim's failure counts only when its own summary
 lines carry the original fingerprint; other tests of the run may fail as they like.
@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import pytest_failure_info
 from flaketriage.manifest import Manifest
-from flaketriage.process import ProcessResult
 from flaketriage.tracebacks import parse_pytest_failures
-from flaketriage.workers.reducer import Reducer
 from flaketriage.workers.replay import Replayer, Variant
+from flaketriage.workers.subset_reducer import SubsetReducer
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ def find_polluters(preceding: Sequence[T], fails: Callable[[Sequence[T]], bool])
         calls += 1
         return fails(tests)
 
-    return Reducer(predicate).reduce(preceding), calls
+    return SubsetReducer(predicate).reduce(preceding), calls
 
 
 @dataclass(frozen=True)

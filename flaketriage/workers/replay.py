@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.manifest import Manifest
 from flaketriage.metrics import read_metrics
-from flaketriage.process import ProcessResult
 from flaketriage.redaction import MASK
 from flaketriage.store import Store
 from flaketriage.workers.interpreter import interpreter_paths

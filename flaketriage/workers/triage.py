@@ -28,7 +28,7 @@ from flaketriage.errors import MinimizeError
 from flaketriage.fingerprint import FailureInfo
 from flaketriage.manifest import Manifest
 from flaketriage.store import Store
-from flaketriage.workers.minimize import Minimizer, MinimizeResult
+from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters
 from flaketriage.workers.quarantine import Quarantine
 from flaketriage.workers.replay import Replayer
@@ -108,7 +108,7 @@ class TriageResult:
 ProgressFn = Callable[[str, int, int], None]
 
 
-class Replays:
+class SequentialReplays:
     """Isolated replays fed to the sequential test; `run` can stop early and be resumed."""
 
     def __init__(self, replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None) -> None:
@@ -148,13 +148,13 @@ def decide(
     replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None
 ) -> tuple[VerdictResult, list[Finding]]:
     """Replay until the sequential test decides (or `policy.max_replays` runs)."""
-    replays = Replays(replayer, policy, progress)
+    replays = SequentialReplays(replayer, policy, progress)
     replays.run()
     return replays.test.result(), replays.findings
 
 
 def decide_order(
-    replays: Replays, target: OrderTarget, progress: ProgressFn | None = None
+    replays: SequentialReplays, target: OrderTarget, progress: ProgressFn | None = None
 ) -> PolluterSearch | None:
     """Look for polluters once `deterministic_after` isolated replays reproduced nothing (None:
     the question did not arise). The isolated replays run first, through `replays`."""
@@ -195,7 +195,7 @@ def triage(
     manifest = load_manifest(store, ident)
     bundle_id = manifest.bundle_id
     with Replayer(store, manifest, sandbox, timeout_s=timeout_s, memory_mb=memory_mb) as replayer:
-        replays = Replays(replayer, policy, progress)
+        replays = SequentialReplays(replayer, policy, progress)
         target = OrderTarget.of(manifest)
         search = decide_order(replays, target, progress) if target is not None else None
         if search is not None and search.found:
@@ -210,7 +210,7 @@ def triage(
         )
         if minimize and should_minimize(manifest, verdict):
             try:
-                minimizer = Minimizer(
+                minimizer = BundleMinimizer(
                     store,
                     replayer,
                     bundle_id,

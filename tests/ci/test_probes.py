@@ -17,8 +17,6 @@ import pytest
 
 from flaketriage.ci import probes
 from flaketriage.ci.probes import (
-    format_cuda_driver_version,
-    format_cudnn_version,
     parse_cpu_model,
     parse_cuda_version,
     parse_meminfo,
@@ -27,6 +25,7 @@ from flaketriage.ci.probes import (
     probe_hardware,
     read_nvml,
 )
+from flaketriage.versions import format_cuda_driver_version, format_cudnn_version
 
 # nvidia-smi --query-gpu=<NVIDIA_SMI_FIELDS> --format=csv,noheader,nounits on a 2x H100 node whose
 # second board does not report its power draw.

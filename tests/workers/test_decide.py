@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flaketriage.bundle import load_manifest
+from flaketriage.child_process import ProcessResult
 from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.manifest import Manifest
-from flaketriage.process import ProcessResult
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import Replayer
 from flaketriage.workers.sandbox import MemorySandbox, SandboxSpec

@@ -15,7 +15,7 @@ import pytest
 from flaketriage.errors import BundleError, FlaketriageError
 from flaketriage.manifest import Command, Environment, Failure, Manifest, Seeds, Source
 from flaketriage.store import LocalStore
-from flaketriage.trees import store_dir
+from flaketriage.stored_files import store_dir
 from flaketriage.workers.export import export_bundle, python_image_tag, requirements, run_script
 
 BUNDLE = "f" * 64

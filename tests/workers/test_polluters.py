@@ -9,12 +9,12 @@ from typing import Any, cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import fingerprint_failure
 from flaketriage.manifest import Command, Failure, Manifest
-from flaketriage.process import ProcessResult
 from flaketriage.workers.polluters import OrderTarget, fails_in, find_polluters, search_polluters
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
-from flaketriage.workers.triage import Replays, decide_order
+from flaketriage.workers.triage import SequentialReplays, decide_order
 from flaketriage.workers.verdict import Outcome, VerdictPolicy
 
 VICTIM = "tests/test_z.py::test_victim"
@@ -186,11 +186,11 @@ def test_order_is_only_asked_after_enough_clean_runs_alone(make_manifest: Callab
     assert target is not None
     policy = VerdictPolicy()
     victim = FakeReplayer(manifest, polluter=PRECEDING[3])
-    replays = Replays(cast(Replayer, victim), policy)
+    replays = SequentialReplays(cast(Replayer, victim), policy)
     search = decide_order(replays, target)
     assert search is not None and search.polluters == (PRECEDING[3],)
     assert victim.runs[: policy.deterministic_after] == [[VICTIM]] * policy.deterministic_after
     # A failure that reproduces alone is not an order question: no prefix is ever run.
     plain = FakeReplayer(manifest, polluter=None, fails_alone=True)
-    assert decide_order(Replays(cast(Replayer, plain), policy), target) is None
+    assert decide_order(SequentialReplays(cast(Replayer, plain), policy), target) is None
     assert all(run == [VICTIM] for run in plain.runs)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flaketriage.process import ProcessResult
+from flaketriage.child_process import ProcessResult
 
 
 @dataclass(frozen=True)

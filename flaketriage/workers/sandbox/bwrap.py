@@ -10,8 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
+from flaketriage.child_process import ProcessResult, run_command
 from flaketriage.errors import SandboxError
-from flaketriage.process import ProcessResult, run_command
 from flaketriage.workers.sandbox.base import Sandbox, SandboxSpec, limits_preexec
 
 PRIVATE_TMP = "/tmp"

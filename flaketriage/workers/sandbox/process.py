@@ -6,7 +6,7 @@ bubblewrap is not installed.
 
 from __future__ import annotations
 
-from flaketriage.process import ProcessResult, run_command
+from flaketriage.child_process import ProcessResult, run_command
 from flaketriage.workers.sandbox.base import Sandbox, SandboxSpec, limits_preexec
 
 

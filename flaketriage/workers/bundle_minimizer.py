@@ -1,0 +1,199 @@
+"""Minimization: the smallest data and integer knobs with which the failure still reproduces.
+
+Each declared data input is reduced to a 1-minimal subset by the `SubsetReducer`, then integer
+command-line knobs (``--steps 1000``) are lowered. A candidate fails on its first reproduction and
+passes only after enough clean replays for the measured failure rate, so flakiness never makes a
+needed item look removable. The result is an ordinary bundle whose ``parent`` is the original.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flaketriage.bundle import write_bundle
+from flaketriage.errors import MinimizeError
+from flaketriage.manifest import BlobRef, Command, DataInput, Manifest, Minimization
+from flaketriage.store import Store
+from flaketriage.stored_files import store_data_input
+from flaketriage.workers.replay import Replayer, ReplayResult, Variant
+from flaketriage.workers.subset_reducer import SubsetReducer, minimize_integer
+from flaketriage.workers.verdict import Outcome, clean_runs_needed
+
+_INT = re.compile(r"^\d+$")
+_KNOB_EXCLUDED = re.compile(r"seed|port|rank|device|gpu|world|worker|shard|id$", re.IGNORECASE)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """An integer command-line option: where its value sits in argv."""
+
+    flag: str
+    index: int
+    value: int
+    inline: bool
+    """``--steps=1000`` (True) rather than ``--steps 1000``."""
+
+    def apply(self, argv: Sequence[str], value: int) -> list[str]:
+        out = list(argv)
+        out[self.index] = f"{self.flag}={value}" if self.inline else str(value)
+        return out
+
+
+def find_knobs(argv: Sequence[str]) -> list[Knob]:
+    """Integer options worth lowering: ``--name N`` / ``--name=N`` with N ≥ 2, not seeds or ports."""
+    knobs: list[Knob] = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            continue
+        flag, sep, inline_value = arg.partition("=")
+        if sep:
+            value, index, inline = inline_value, i, True
+        elif i + 1 < len(argv):
+            value, index, inline = argv[i + 1], i + 1, False
+        else:
+            continue
+        if _INT.match(value) and int(value) >= 2 and not _KNOB_EXCLUDED.search(flag.lstrip("-")):
+            knobs.append(Knob(flag=flag, index=index, value=int(value), inline=inline))
+    return knobs
+
+
+@dataclass
+class MinimizeResult:
+    """The minimal bundle and how it was reached."""
+
+    bundle_id: str
+    manifest: Manifest
+    data: dict[str, tuple[int, int]] = field(default_factory=dict)
+    args: dict[str, tuple[str, str]] = field(default_factory=dict)
+    oracle_calls: int = 0
+    replays: int = 0
+
+
+class BundleMinimizer:
+    """Reduces one bundle through a `Replayer`; `failure_rate` is the measured reproduction rate."""
+
+    def __init__(
+        self,
+        store: Store,
+        replayer: Replayer,
+        bundle_id: str,
+        failure_rate: float,
+        progress: Progress | None = None,
+        beta: float = 0.05,
+    ) -> None:
+        if failure_rate <= 0:
+            raise MinimizeError("cannot minimize a failure that never reproduced; triage it first")
+        self.store = store
+        self.replayer = replayer
+        self.manifest = replayer.manifest
+        self.bundle_id = bundle_id
+        self.clean_runs = clean_runs_needed(failure_rate, beta)
+        self.progress = progress or (lambda _msg: None)
+        self.oracle_calls = 0
+        self.replays = 0
+        self.last_failure: ReplayResult | None = None
+
+    def fails(self, variant: Variant) -> bool:
+        """True when the variant reproduces the original failure (stops at the first one)."""
+        self.oracle_calls += 1
+        for _ in range(self.clean_runs):
+            self.replays += 1
+            result = self.replayer.run(variant)
+            if result.outcome is Outcome.REPRODUCED:
+                self.last_failure = result
+                return True
+        return False
+
+    def run(self) -> MinimizeResult:
+        subsets: dict[str, list[int]] = {
+            d.path: list(range(d.items)) for d in self.manifest.data if d.reducible
+        }
+        argv = list(self.manifest.command.argv)
+        for data in self.manifest.data:
+            if not data.reducible or data.items <= 1:
+                continue
+            self.progress(f"reducing {data.path} ({data.items} items)")
+
+            def predicate(kept: Sequence[int], path: str = data.path) -> bool:
+                return self.fails(Variant(data={**subsets, path: list(kept)}, argv=argv))
+
+            subsets[data.path] = list(SubsetReducer(predicate).reduce(subsets[data.path]))
+        args: dict[str, tuple[str, str]] = {}
+        for knob in find_knobs(argv):
+            self.progress(f"lowering {knob.flag} from {knob.value}")
+
+            def knob_fails(value: int, knob: Knob = knob, base: list[str] = argv) -> bool:
+                return self.fails(Variant(data=subsets, argv=knob.apply(base, value)))
+
+            best, _calls = minimize_integer(knob.value, knob_fails)
+            if best < knob.value:
+                args[knob.flag] = (str(knob.value), str(best))
+                argv = knob.apply(argv, best)
+        self.progress("confirming the minimal reproduction")
+        if not self.fails(Variant(data=subsets, argv=argv)):
+            raise MinimizeError(
+                "the minimized bundle no longer reproduces the failure; the failure depends on more "
+                "than the declared data and arguments (keep the original bundle)"
+            )
+        return self._write(subsets, argv, args)
+
+    def _write(
+        self, subsets: dict[str, list[int]], argv: list[str], args: dict[str, tuple[str, str]]
+    ) -> MinimizeResult:
+        from flaketriage.datasets import write_subset
+
+        data_inputs: list[DataInput] = []
+        kept: dict[str, tuple[int, int]] = {}
+        with tempfile.TemporaryDirectory(prefix="flaketriage-min-") as tmp:
+            for data in self.manifest.data:
+                if data.path not in subsets:
+                    data_inputs.append(data)
+                    continue
+                reduced = Path(tmp) / f"{len(data_inputs)}" / Path(data.path).name
+                reduced.parent.mkdir(parents=True)
+                write_subset(self.replayer.template.cwd / data.path, reduced, data.format, subsets[data.path])
+                data_inputs.append(store_data_input(self.store, reduced, data.path))
+                kept[data.path] = (len(subsets[data.path]), data.items)
+        logs = dict(self.manifest.logs)
+        if self.last_failure is not None:
+            logs["stdout"] = self._put_text(self.last_failure.process.stdout)
+            logs["stderr"] = self._put_text(self.last_failure.process.stderr)
+        command = Command(
+            argv=tuple(argv),
+            cwd=self.manifest.command.cwd,
+            env=self.manifest.command.env,
+            timeout_s=self.manifest.command.timeout_s,
+        )
+        manifest = self.manifest.model_copy(
+            update={
+                "command": command,
+                "data": tuple(data_inputs),
+                "logs": logs,
+                "parent": self.bundle_id,
+                "created_at": datetime.now(UTC),
+                "minimization": Minimization(data=kept, args=args, oracle_calls=self.oracle_calls),
+            }
+        )
+        bundle_id = write_bundle(self.store, manifest)
+        return MinimizeResult(
+            bundle_id=bundle_id,
+            manifest=manifest,
+            data=kept,
+            args=args,
+            oracle_calls=self.oracle_calls,
+            replays=self.replays,
+        )
+
+    def _put_text(self, text: str) -> BlobRef:
+        from flaketriage.redaction import Redactor
+
+        redactor = Redactor()
+        redactor.redact_env(self.replayer.base_env)  # learn this machine's secret values
+        return self.store.put_bytes(redactor.redact_text(text).encode())
