@@ -23,7 +23,7 @@ from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.store import LocalStore
 from flaketriage.workers.materialize import materialize
-from flaketriage.workers.replay import Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox, bwrap_path
 
 PROGRAM = """
@@ -78,8 +78,10 @@ def main() -> None:
             args.runs,
         )
         counter = iter(range(10**6))
+        context = ReplayContext.from_process()
         materialize_times = _time(
-            lambda: materialize(store, manifest, Path(tmp) / f"m{next(counter)}"), max(3, args.runs // 4)
+            lambda: materialize(store, manifest, Path(tmp) / f"m{next(counter)}", git=context.git),
+            max(3, args.runs // 4),
         )
         sandboxes: list[Sandbox] = [ProcessSandbox()]
         if bwrap_path():
@@ -90,7 +92,7 @@ def main() -> None:
         med_mat = statistics.median(materialize_times)
         print(f"{'materialize bundle (once per triage)':40} {med_mat * 1000:10.1f} {med_mat / base:7.2f}")
         for sandbox in sandboxes:
-            with Replayer(store, manifest, sandbox) as replayer:
+            with Replayer(store, manifest, sandbox, context=context) as replayer:
                 outcome = replayer.run().outcome
                 replays = _time(replayer.run, args.runs)
             med = statistics.median(replays)

@@ -1,33 +1,77 @@
 """Atomic file writes: a temp file beside the target, fsynced, renamed over it.
 
 Readers see the old file or the new one, never half of one, and a crash leaves at most a hidden
-``.name.*`` temp file, never a truncated target. Every writer of a whole file uses this.
+temp file, never a truncated target. Every writer of a whole file uses this: `write_atomic` when
+the content and the target are known up front, `staged_file` when the target is only known once
+the content is written (a content-addressed object named by its hash).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
-def write_atomic(path: Path, data: bytes | Iterable[bytes], *, mode: int = 0o644) -> None:
+class StagedFile:
+    """A temp file being written; `commit` renames it to its target, else it is deleted."""
+
+    def __init__(self, file: BinaryIO, path: Path) -> None:
+        self.file = file
+        """Open for writing (binary); closed by `commit`."""
+        self.path = path
+        """Where the temp file is (hidden, in the directory `staged_file` was given)."""
+        self.committed = False
+
+    def commit(self, target: Path, *, mode: int = 0o644, overwrite: bool = True) -> bool:
+        """Flush, fsync and rename the temp file to `target` (parents created); raises OSError.
+
+        ``mode`` replaces mkstemp's 0600, which would hide reports and caches from the people and
+        processes they are for. With ``overwrite=False`` an existing `target` is kept and False
+        returned: for content-addressed targets, where any writer of a name writes the same bytes.
+        """
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        if not overwrite and target.exists():
+            return False
+        os.chmod(self.path, mode)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path, target)
+        self.committed = True
+        return True
+
+
+@contextmanager
+def staged_file(directory: Path, *, prefix: str = ".tmp-") -> Iterator[StagedFile]:
+    """A temp file in `directory` (created if missing) for the block; deleted unless committed.
+
+    `directory` must be on the target's file system, so the rename is atomic.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
+    staged = StagedFile(os.fdopen(fd, "wb"), Path(name))
+    try:
+        yield staged
+    finally:
+        staged.file.close()
+        if not staged.committed:
+            staged.path.unlink(missing_ok=True)
+
+
+def write_atomic(
+    path: Path, data: bytes | Iterable[bytes], *, mode: int = 0o644, overwrite: bool = True
+) -> bool:
     """Replace `path` with `data` (bytes, or chunks streamed in order); raises OSError.
 
-    Missing parent directories are created. ``mode`` replaces mkstemp's 0600, which would hide
-    reports and caches from the people and processes they are for.
+    Missing parent directories are created; an exception raised while `data` is consumed leaves
+    `path` untouched and removes the temp file. With ``overwrite=False`` an existing `path` is kept
+    (see `StagedFile.commit`). Returns whether `path` was written.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in [data] if isinstance(data, bytes) else data:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with staged_file(path.parent, prefix=f".{path.name}.") as staged:
+        for chunk in [data] if isinstance(data, bytes) else data:
+            staged.file.write(chunk)
+        return staged.commit(path, mode=mode, overwrite=overwrite)

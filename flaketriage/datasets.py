@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from flaketriage.dependencies import require
 from flaketriage.errors import DatasetError
 
 DataFormat = Literal["csv", "jsonl", "npy", "dir"]
@@ -160,14 +161,7 @@ def _dir_entries(path: Path) -> list[Path]:
 
 
 def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError as exc:
-        raise DatasetError(
-            "reducing .npy inputs needs numpy, which is not installed: pip install numpy "
-            "(or pip install 'flaketriage[guards]')"
-        ) from exc
-    return numpy
+    return require("numpy", "data", ".npy data inputs")
 
 
 def _load_npy(path: Path) -> Any:

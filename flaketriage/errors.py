@@ -13,13 +13,18 @@
     ├── DatasetError                  a declared ``--data`` input: missing, or of an unknown format
     ├── CaptureError                  running and recording the failing command
     ├── SandboxError                  materializing a workspace or running a replay in isolation
+    ├── GitError                      a git command failed or timed out, or git is not installed
     ├── MinimizeError                 reducing a failing bundle
     ├── ReportError                   writing an issue or a quarantine entry
+    ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
-    ├── MissingDependencyError        an optional library is not installed (also an ImportError)
-    └── GuardError                    a numeric guard: torch missing, or a check or policy it cannot honour
-        └── NumericFault              a guard check tripped in training (non-finite loss, a spike, ...)
+    ├── MissingDependencyError        an optional library is not installed (also an ImportError); names
+    │                                 the ``pip install 'flaketriage[extra]'`` that fixes it
+    ├── GuardError                    a numeric guard is set up wrongly: a check or policy it cannot honour
+    └── NumericFault                  a guard check tripped in training (non-finite loss, a spike, ...):
+                                      a fault in the training, not a misconfiguration, so
+                                      ``except GuardError`` never swallows one
 
 Messages say what was expected, what was seen, and what to do next, because they reach
 people through the CLI without a traceback.
@@ -37,11 +42,19 @@ class ConfigError(FlaketriageError):
 
 
 class MissingDependencyError(FlaketriageError, ImportError):
-    """An optional library a feature needs is not installed; the message names the extra."""
+    """An optional library a feature needs is not installed; the message names the extra to install.
 
-    def __init__(self, module: str, needed_for: str, install: str) -> None:
-        super().__init__(f"{needed_for} needs {module}, which is not installed; install it with {install}")
+    Raised by `flaketriage.dependencies.require`. ``module`` is the top-level module that is missing,
+    ``extra`` the flaketriage extra that installs it and ``install`` the whole command.
+    """
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
         self.module = module
+        self.extra = extra
+        self.install = f"pip install 'flaketriage[{extra}]'"
+        super().__init__(
+            f"{needed_for} needs {module}, which is not installed; install it with {self.install}"
+        )
 
 
 class StoreError(FlaketriageError):
@@ -95,12 +108,38 @@ class SandboxError(FlaketriageError):
     """Materializing a workspace or running a replay in isolation failed."""
 
 
+class GitError(FlaketriageError):
+    """A git command failed, timed out, or could not start (``flaketriage.git.Git`` raises it).
+
+    ``command`` is the command line as run, ``returncode`` its exit status (None when it never
+    finished) and ``stderr`` the tail of what it wrote to stderr.
+    """
+
+    def __init__(
+        self, message: str, *, command: str = "", returncode: int | None = None, stderr: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.command = command
+        self.returncode = returncode
+        self.stderr = stderr
+
+
 class MinimizeError(FlaketriageError):
     """Reducing a failing bundle failed."""
 
 
 class ReportError(FlaketriageError):
     """Writing an issue or a quarantine entry failed."""
+
+
+class QuarantineError(FlaketriageError):
+    """A quarantine document (the file, the service's answer, the cache) is not one this flaketriage
+    reads. ``damaged`` is True when it is not JSON or does not fit the model, False when it is of
+    another ``version`` (written by another flaketriage: upgrade, never overwrite)."""
+
+    def __init__(self, message: str, *, damaged: bool = True) -> None:
+        super().__init__(message)
+        self.damaged = damaged
 
 
 class NotifyError(FlaketriageError):
@@ -125,10 +164,11 @@ class SignatureError(FlaketriageError):
 
 
 class GuardError(FlaketriageError):
-    """A numeric guard cannot work: torch is missing, or a check or policy is set up wrongly."""
+    """A numeric guard cannot work: a check or policy is set up wrongly (a missing torch is a
+    `MissingDependencyError`, a tripped check a `NumericFault`)."""
 
 
-class NumericFault(GuardError):
+class NumericFault(FlaketriageError):
     """A numeric guard check tripped: the training step it names went non-finite or out of bounds.
 
     ``check`` names the check (``loss_nonfinite``, ``grad_norm``, ...), ``step`` the training step,

@@ -14,9 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flaketriage.errors import ConfigError
 from flaketriage.manifest import Failure, Manifest, Provenance
+from flaketriage.store import Store, local_path, open_store, store_url
 
 EVENTS_SCHEMA_VERSION = 1
 MAX_MESSAGE_CHARS = 1_000
@@ -28,18 +30,47 @@ class _Model(BaseModel):
 
 
 class StoreLocation(_Model):
-    """Where the receiver finds the bundle: a store directory, or an ``s3://bucket/prefix``."""
+    """Where the receiver finds the bundle: a store directory (``location`` is its absolute path),
+    a ``memory://name`` store in the receiver's own process, or an ``s3://bucket/prefix``."""
 
-    kind: Literal["local", "s3"]
+    kind: Literal["local", "memory", "s3"]
     location: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _location_fits_kind(self) -> StoreLocation:
+        fits = (
+            Path(self.location).is_absolute()
+            if self.kind == "local"
+            else self.location.startswith(f"{self.kind}://")
+        )
+        if not fits:
+            want = "an absolute path" if self.kind == "local" else f"a {self.kind}:// URL"
+            raise ValueError(f"a {self.kind} store's location must be {want}, not {self.location!r}")
+        return self
 
     @classmethod
     def parse(cls, text: str | Path) -> StoreLocation:
-        """``s3://...`` is an S3 store; anything else is a directory, made absolute."""
-        raw = str(text)
-        if raw.startswith("s3://"):
-            return cls(kind="s3", location=raw.rstrip("/"))
-        return cls(kind="local", location=str(Path(raw).absolute()))
+        """A store location as `open_store` reads it (a path, made absolute, or a URL); raises
+        `ConfigError` for a scheme no store backend reads."""
+        url = store_url(text)
+        path = local_path(url)
+        if path is not None:
+            return cls(kind="local", location=str(path))
+        scheme = url.partition("://")[0]
+        if scheme not in ("memory", "s3"):
+            raise ConfigError(
+                f"an event cannot name the store {url}: events carry paths, memory:// and s3://"
+            )
+        return cls(kind="memory" if scheme == "memory" else "s3", location=url)
+
+    @property
+    def url(self) -> str:
+        """The store's canonical URL, as `flaketriage.store.open_store` takes it."""
+        return store_url(self.location)
+
+    def open(self, readonly: bool = True) -> Store:
+        """The store the bundle is in (read-only unless asked), through `open_store`."""
+        return open_store(self.url, readonly=readonly)
 
 
 class FailureSummary(_Model):

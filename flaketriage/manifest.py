@@ -1,7 +1,9 @@
 """The bundle manifest: the versioned contract between capture, store, replay and report.
 
 A manifest names every blob by SHA-256; its canonical JSON (sorted keys, no spaces, UTF-8) hashes
-to the bundle id. Unknown fields are refused, so a manifest from a newer schema fails loudly.
+to the bundle id. Unknown fields are refused, so a manifest from a newer schema fails loudly, and
+``schema_version`` changes with any change that re-encodes an existing manifest differently (its
+id would no longer match). Version 2 added `PytestContext` (the ``pytest`` field).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flaketriage.errors import BundleError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class _Model(BaseModel):
@@ -173,6 +175,24 @@ class Provenance(_Model):
     host: str | None = None
 
 
+class PytestContext(_Model):
+    """A failing pytest test as the plugin saw it in its session: what the polluter search needs.
+
+    Node ids are written as the rerun command (``command.argv``) names them: relative to the
+    directory pytest was invoked in.
+    """
+
+    node_id: str
+    preceding: tuple[str, ...] = ()
+    """The tests that ran before it in the same process, in order: the polluter candidates."""
+    rootdir: str
+    invocation_dir: str
+    duration_s: float = 0.0
+    """The test's own setup, call and teardown."""
+    elapsed_s: float = 0.0
+    """From the session's start to the end of this test: what replaying every preceding test costs."""
+
+
 class Minimization(_Model):
     """How a minimized bundle was derived from its parent."""
 
@@ -186,7 +206,7 @@ class Minimization(_Model):
 class Manifest(_Model):
     """Everything needed to reproduce one failure."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     kind: Literal["command", "test", "training"] = "command"
     command: Command
@@ -201,7 +221,10 @@ class Manifest(_Model):
     """Named logs: ``stdout``, ``stderr`` (full output, redacted) and any attached log files."""
     checkpoint: BlobRef | None = None
     attachments: dict[str, BlobRef] = Field(default_factory=dict)
+    pytest: PytestContext | None = None
+    """Set for a test captured by the pytest plugin (``kind == "test"``)."""
     annotations: dict[str, Any] = Field(default_factory=dict)
+    """Free-form extras (a guard's step, a quarantine note); nothing reads them back as a contract."""
     provenance: Provenance = Provenance()
     parent: str | None = None
     minimization: Minimization | None = None
@@ -245,10 +268,16 @@ class Manifest(_Model):
             data = json.loads(raw)
         except ValueError as exc:
             raise BundleError(f"{where} is not valid JSON ({exc}); the store may be damaged") from exc
-        if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version is not None and version != SCHEMA_VERSION:
+            older = isinstance(version, int) and version < SCHEMA_VERSION
+            advice = (
+                "it was written by an older flaketriage; capture the failure again with this one"
+                if older
+                else "upgrade flaketriage to read it"
+            )
             raise BundleError(
-                f"{where} has schema_version {data.get('schema_version')!r}, this flaketriage reads "
-                f"{SCHEMA_VERSION}; upgrade flaketriage to read it"
+                f"{where} has schema_version {version!r}, this flaketriage reads {SCHEMA_VERSION}; {advice}"
             )
         try:
             return cls.model_validate(data)

@@ -1,33 +1,54 @@
 """Settings: one pydantic-settings model, read from ``FLAKETRIAGE_*`` environment variables.
 
-Nothing reads them at import time: the CLI builds ``Settings()`` once and passes it down.
+Nothing reads them at import time: an entry point (the CLI, the pytest plugin, a guard) calls
+`load_settings` once and passes the result down. A bad value is a `ConfigError` that names the
+variable and what it accepts. The README's settings table is `settings_table`'s output.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import types
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr
+import annotated_types
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flaketriage.errors import ConfigError
+from flaketriage.store.registry import local_path
+
+ENV_PREFIX = "FLAKETRIAGE_"
+DEFAULT_REPLAY_TIMEOUT_S = 600.0
+"""The default of `Settings.replay_timeout_s`, and of the library calls it is passed down to."""
+DEFAULT_OUTPUT_TAIL_LINES = 200
+"""The default of `Settings.output_tail_lines`, and of the library calls it is passed down to."""
 
 
 class Settings(BaseSettings):
     """Every flaketriage setting. Each is documented once, here; the README table is built from it."""
 
-    model_config = SettingsConfigDict(env_prefix="FLAKETRIAGE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
-    store: Path = Field(
-        default=Path(".flaketriage"),
-        description="Where bundles live: a directory (created on first use).",
+    store: str = Field(
+        default=".flaketriage",
+        description="Where bundles live: a directory (created on first use), `file:///absolute/path` "
+        "or `memory://NAME` (one store per name, shared within a process); `s3://bucket/prefix` once "
+        "the S3 backend ships (until then opening it is an error that says so).",
     )
     issues_dir: Path | None = Field(
         default=None,
-        description="Where Markdown issues are written. Default: `<store>/issues`.",
+        description="Where Markdown issues are written (set it when the store is not a directory). "
+        "Default: `<store>/issues`.",
     )
     quarantine_file: Path | None = Field(
         default=None,
-        description="The quarantine list (JSON). Default: `<store>/quarantine.json`.",
+        description="The quarantine list (JSON; set it when the store is not a directory). "
+        "Default: `<store>/quarantine.json`.",
     )
     sandbox: Literal["auto", "bwrap", "process"] = Field(
         default="auto",
@@ -36,9 +57,10 @@ class Settings(BaseSettings):
         "(bwrap when installed).",
     )
     replay_timeout_s: float = Field(
-        default=600.0,
+        default=DEFAULT_REPLAY_TIMEOUT_S,
         gt=0,
-        description="Wall-clock limit of one replay, when the capture recorded none.",
+        description="Wall-clock limit of one replay in seconds, when the capture recorded none (a "
+        "capture records 10× its run time, at least 60 s) and `triage --timeout` is not given.",
     )
     replay_memory_mb: int | None = Field(
         default=None,
@@ -76,22 +98,24 @@ class Settings(BaseSettings):
     snapshot_max_file_mb: float = Field(
         default=10.0,
         gt=0,
-        description="Files larger than this are left out of source snapshots and untracked files.",
+        description="Files larger than this (MB) are left out of source snapshots and untracked files "
+        "(listed as skipped).",
     )
     snapshot_max_total_mb: float = Field(
-        default=200.0, gt=0, description="Cap on the total size of a source snapshot."
+        default=200.0, gt=0, description="Cap on the total size of a source snapshot (MB)."
     )
     notify_url: str | None = Field(
         default=None,
-        description="The service's events endpoint (`https://host/v1/events`); when set, captures are "
-        "sent there.",
+        description="The service's events endpoint (`https://host/v1/events`); when set, the pytest "
+        "plugin sends each capture there, and `flaketriage notify` sends there without `--to`.",
     )
     webhook_secret: SecretStr | None = Field(
         default=None, description="Shared secret for the HMAC signature of sent events."
     )
     outbox_dir: Path | None = Field(
         default=None,
-        description="Events that could not be sent wait here for the next run. Default: `<store>/outbox`.",
+        description="Events that could not be sent wait here for the next run (set it when the store "
+        "is not a directory). Default: `<store>/outbox`.",
     )
     quarantine_url: str | None = Field(
         default=None,
@@ -110,14 +134,154 @@ class Settings(BaseSettings):
         "falls back to its cached copy (or to no list).",
     )
     output_tail_lines: int = Field(
-        default=200, ge=1, description="Lines of stdout/stderr shown in reports and summaries."
+        default=DEFAULT_OUTPUT_TAIL_LINES,
+        ge=1,
+        description="Lines of a failure's stderr shown at the end of an issue.",
     )
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_path(cls, value: object) -> object:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value  # a Path is a location too
+
+    @field_validator("store")
+    @classmethod
+    def _store_location(cls, value: str) -> str:
+        try:
+            local_path(value)  # checks the scheme without importing (or needing) its backend
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
+
+    def local_store(self) -> Path | None:
+        """The store's directory (relative to the current directory when the setting is), or None
+        when the store is not local (``memory://``, ``s3://``)."""
+        return local_path(self.store)
+
     def resolved_issues_dir(self) -> Path:
-        return self.issues_dir or self.store / "issues"
+        return self._beside_store(self.issues_dir, "issues", "issues_dir")
 
     def resolved_quarantine_file(self) -> Path:
-        return self.quarantine_file or self.store / "quarantine.json"
+        return self._beside_store(self.quarantine_file, "quarantine.json", "quarantine_file")
 
     def resolved_outbox_dir(self) -> Path:
-        return self.outbox_dir or self.store / "outbox"
+        return self._beside_store(self.outbox_dir, "outbox", "outbox_dir")
+
+    def _beside_store(self, explicit: Path | None, name: str, field: str) -> Path:
+        """`explicit`, else ``<store>/<name>``, which only a local store has."""
+        if explicit is not None:
+            return explicit
+        root = self.local_store()
+        if root is None:
+            raise ConfigError(
+                f"the store {self.store} is not a directory, so there is no <store>/{name}: "
+                f"set {env_var(field)} to a local path"
+            )
+        return root / name
+
+
+def env_var(field: str) -> str:
+    """The environment variable of a setting: ``alpha`` → ``FLAKETRIAGE_ALPHA``."""
+    return ENV_PREFIX + field.upper()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment, with `overrides` (field names) on top.
+
+    Raises `ConfigError`, one line for all bad values (``; ``-separated), each naming the variable
+    (or the override's field), the value and what it accepts:
+    ``FLAKETRIAGE_ALPHA=2 is not valid: must be less than 1 (a number in (0, 1))``.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = [_problem(error, overrides) for error in exc.errors()]
+        raise ConfigError("; ".join(dict.fromkeys(lines))) from None
+
+
+def _problem(error: Any, overrides: dict[str, Any]) -> str:
+    field = str(error["loc"][0]) if error["loc"] else ""
+    info = Settings.model_fields.get(field)
+    name = field if field in overrides else env_var(field)
+    value = "***" if info is not None and _is_secret(info.annotation) else _shown(error.get("input"))
+    accepts = _accepts(info) if info is not None else ""
+    message = str(error["msg"])
+    if error["type"] in ("value_error", "assertion_error"):
+        reason = re.sub(r"^(Value|Assertion) error, ", "", message)
+    elif error["type"].endswith("_parsing") or error["type"] in ("literal_error", "enum", "missing"):
+        reason = f"must be {accepts}" if accepts else message
+        accepts = ""
+    else:
+        reason = re.sub(r"^Input should ", "must ", message)
+    return f"{name}={value} is not valid: {reason}" + (f" ({accepts})" if accepts else "")
+
+
+def _shown(value: object) -> str:
+    text = str(value)
+    return text if text and text.strip() == text and " " not in text else repr(text)
+
+
+def _is_secret(annotation: object) -> bool:
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+def _accepts(info: FieldInfo) -> str:
+    """What a setting accepts, in words, from its type and bounds: ``an integer >= 1``,
+    ``a number in (0, 1)``, ``one of auto, bwrap, process``."""
+    annotation = info.annotation
+    optional = get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+    if optional:
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(a) for a in get_args(annotation))
+    kinds: dict[object, str] = {int: "an integer", float: "a number", bool: "true or false", Path: "a path"}
+    kind = kinds.get(annotation, "")
+    if not kind:
+        return ""
+    low = high = None
+    for meta in info.metadata:
+        if isinstance(meta, annotated_types.Gt | annotated_types.Ge):
+            low = ("(" if isinstance(meta, annotated_types.Gt) else "[", _number(meta))
+        elif isinstance(meta, annotated_types.Lt | annotated_types.Le):
+            high = (")" if isinstance(meta, annotated_types.Lt) else "]", _number(meta))
+    if low and high:
+        kind += f" in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    elif low:
+        kind += (" > " if low[0] == "(" else " >= ") + low[1]
+    elif high:
+        kind += (" < " if high[0] == ")" else " <= ") + high[1]
+    return kind
+
+
+def _number(meta: object) -> str:
+    for attr in ("gt", "ge", "lt", "le"):
+        if hasattr(meta, attr):
+            return f"{getattr(meta, attr):g}"
+    return "?"
+
+
+_DEFAULT_IN_TEXT = re.compile(r"\s*Default: (`[^`]+`)\.?$")
+
+
+def settings_table() -> str:
+    """The README's settings table (Markdown): variable, default and meaning of every setting,
+    straight from the model's fields and their descriptions."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for field, info in Settings.model_fields.items():
+        meaning = " ".join((info.description or "").split())
+        default = _default_text(info)
+        derived = _DEFAULT_IN_TEXT.search(meaning)
+        if derived is not None and info.default is None:
+            default, meaning = derived.group(1), meaning[: derived.start()]
+        meaning = meaning.replace("|", "\\|")
+        rows.append(f"| `{env_var(field)}` | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def _default_text(info: FieldInfo) -> str:
+    default = info.default
+    if default is None or default is PydanticUndefined:
+        return "none"
+    if isinstance(default, float) and default.is_integer():
+        default = int(default)
+    return f"`{default}`"

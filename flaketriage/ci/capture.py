@@ -20,13 +20,22 @@ from flaketriage.child_process import ProcessResult, run_command
 from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.sentry import after_capture
-from flaketriage.ci.source import SourceLimits, SourcePlan, capture_source, git_root, plan_source
+from flaketriage.ci.source import CAPTURE_GIT, SourceLimits, SourcePlan, capture_source, plan_source
 from flaketriage.errors import DatasetError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
-from flaketriage.manifest import BlobRef, Command, DataInput, Failure, FailureCriteria, Manifest, Seeds
+from flaketriage.manifest import (
+    BlobRef,
+    Command,
+    DataInput,
+    Failure,
+    FailureCriteria,
+    Manifest,
+    PytestContext,
+    Seeds,
+)
 from flaketriage.metrics import read_metrics
 from flaketriage.redaction import Redactor
-from flaketriage.settings import Settings
+from flaketriage.settings import load_settings
 from flaketriage.store import Store
 from flaketriage.stored_files import relative_to_cwd, store_data_input
 
@@ -86,7 +95,7 @@ def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | 
     plan = plan_source(request.cwd, snapshot=request.snapshot)
     result = run_command(request.argv, request.cwd, env, request.timeout_s, echo=request.echo)
     roots = [str(request.cwd.resolve())]
-    repo = git_root(request.cwd)
+    repo = CAPTURE_GIT.root(request.cwd)
     if repo is not None:
         roots.append(str(repo))
     metrics = None
@@ -146,6 +155,7 @@ def record_failure(
     attachments: Mapping[str, bytes] | None = None,
     checkpoint: bytes | Path | None = None,
     annotations: Mapping[str, object] | None = None,
+    pytest: PytestContext | None = None,
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     plan: SourcePlan | None = None,
@@ -172,7 +182,7 @@ def record_failure(
             cwd=cwd,
             kind=kind,
             plan=plan if plan is not None else plan_source(cwd, snapshot=snapshot),
-            limits=limits or SourceLimits.from_settings(Settings()),
+            limits=limits or SourceLimits.from_settings(load_settings()),
             env=env,
             # This process's hash seed is only known when it was set before it started.
             seeds=Seeds(python_hash_seed=env.get(HASH_SEED_VAR), values=dict(seed_values or {})),
@@ -185,6 +195,7 @@ def record_failure(
             timeout_s=timeout_s,
             inputs=tuple(data),
             annotations=dict(annotations or {}),
+            pytest=pytest,
             attachments=refs,
             checkpoint=ckpt,
         ),
@@ -225,6 +236,7 @@ class _Pieces:
     timeout_s: float | None
     inputs: tuple[DataInput, ...]
     annotations: dict[str, object]
+    pytest: PytestContext | None = None
     attachments: Mapping[str, BlobRef] = field(default_factory=dict)
     checkpoint: BlobRef | None = None
 
@@ -274,6 +286,7 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
         logs=logs,
         checkpoint=p.checkpoint,
         attachments=dict(p.attachments),
+        pytest=p.pytest,
         annotations=dict(p.annotations, captured_at_unix=round(time.time(), 3)),
         provenance=detect_provenance(p.env),
     )

@@ -297,7 +297,7 @@ def event_for_bundle(
     CI run when the capture did not see one (a bundle captured inside a container).
     """
     manifest = load_manifest(store, bundle_id)
-    where = location or StoreLocation.parse(store.location)
+    where = location or StoreLocation.parse(store.url)
     known = known_event(store, manifest.bundle_id)
     if known is not None and known.store == where:
         return known
@@ -332,7 +332,7 @@ def remember_event(store: Store, event: FailureEvent) -> None:
 
 def unsent_bundles(store: Store, location: StoreLocation | None = None) -> list[str]:
     """Bundles with no event yet for `location` (default: `store` itself), oldest first."""
-    where = location or StoreLocation.parse(store.location)
+    where = location or StoreLocation.parse(store.url)
     out = []
     for summary in reversed(list_bundles(store)):
         known = known_event(store, summary.id)

@@ -1,15 +1,14 @@
 """The outbox: events that could not be sent, one JSON file each, waiting for the next run to flush.
 
 A file is named ``<event_id>.json`` and holds the event's canonical body, written through a temp
-file and a rename, so a crash never leaves half an event and concurrent writers (pytest-xdist
-workers) never collide. Two processes flushing at once may both send an event; the receiver
-dedupes by ``event_id``.
+file and a rename (`flaketriage.atomic`), so a crash never leaves half an event and concurrent
+writers (pytest-xdist workers) never collide. Two processes flushing at once may both send an
+event; the receiver dedupes by ``event_id``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,10 +132,7 @@ class Outbox:
     def hold(self, seconds: float, now: float | None = None) -> None:
         until = (time.time() if now is None else now) + seconds
         with contextlib.suppress(OSError):
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / f".tmp-hold-{os.getpid()}"
-            tmp.write_text(repr(until))
-            tmp.replace(self.directory / _HOLD_FILE)
+            write_atomic(self.directory / _HOLD_FILE, repr(until).encode())
 
     def release(self) -> None:
         with contextlib.suppress(OSError):

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 from flaketriage.ci.capture import record_failure
 from flaketriage.ci.source import SourceLimits, SourcePlan, plan_source
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.manifest import PytestContext
 from flaketriage.settings import Settings
-from flaketriage.store import LocalStore
+from flaketriage.store import open_store
 
 SUMMARY_WIDTH = 1000
 """``COLUMNS`` of every rerun: pytest cuts summary messages to the terminal width, and a fixed,
@@ -78,6 +79,7 @@ class FailedTest:
     elapsed_s: float = 0.0
     """Seconds from the session's start to the end of this test."""
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form extras for the manifest's ``annotations``."""
 
 
 def rerun_argv(nodeid: str, facts: SessionFacts) -> list[str]:
@@ -185,8 +187,8 @@ def _logs(failure: FailedTest, summary: Sequence[str]) -> tuple[str, str]:
 class SessionCapture:
     """Writes one bundle per failing test into the store; the source is listed once per session."""
 
-    def __init__(self, store_path: Path, facts: SessionFacts, settings: Settings) -> None:
-        self.store = LocalStore(store_path)
+    def __init__(self, store_url: str, facts: SessionFacts, settings: Settings) -> None:
+        self.store = open_store(store_url)
         self.facts = facts
         self.settings = settings
         self._plan: SourcePlan | None = None
@@ -211,17 +213,14 @@ class SessionCapture:
         seeds: dict[str, int | str] = {}
         if self.facts.randomly_seed is not None:
             seeds["pytest-randomly"] = self.facts.randomly_seed
-        annotations = {
-            **failure.annotations,
-            "preceding_tests": list(failure.preceding),
-            "pytest": {
-                "nodeid": failure.nodeid,
-                "rootdir": str(self.facts.rootdir),
-                "invocation_dir": str(self.facts.invocation_dir),
-                "duration_s": round(duration, 3),
-                "elapsed_s": round(failure.elapsed_s, 3),
-            },
-        }
+        context = PytestContext(
+            node_id=failure.nodeid,
+            preceding=tuple(failure.preceding),
+            rootdir=str(self.facts.rootdir),
+            invocation_dir=str(self.facts.invocation_dir),
+            duration_s=round(duration, 3),
+            elapsed_s=round(failure.elapsed_s, 3),
+        )
         return record_failure(
             self.store,
             info,
@@ -232,7 +231,8 @@ class SessionCapture:
             seed_values=seeds,
             stdout=stdout,
             stderr=stderr,
-            annotations=annotations,
+            annotations=failure.annotations,
+            pytest=context,
             # pytest's start-up dominates a rerun of one test.
             timeout_s=max(60.0, 10 * duration),
             env=env,

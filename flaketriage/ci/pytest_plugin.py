@@ -6,8 +6,9 @@ command that reruns it alone, seeds, output, traceback, and the tests that ran b
 process); a failing test on the quarantine list is reported as quarantined and does not fail the
 session; and the session ends with one summary line.
 
-Only pytest and the standard library are imported here. The capture code (pydantic, the store) is
-imported at the first failure, so a passing suite pays one list append per test.
+Only pytest, the standard library and `flaketriage.replay_env` (standard library only) are imported
+here. The capture code (pydantic, the store) is imported at the first failure, so a passing suite
+pays one list append per test.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from flaketriage.replay_env import in_replay
+
 if TYPE_CHECKING:
     from flaketriage.ci.pytest_bundle import SessionCapture
     from flaketriage.ci.quarantine_list import QuarantineList
     from flaketriage.settings import Settings
 
 ENABLE_ENV = "FLAKETRIAGE_PYTEST"
-REPLAY_ENV = "FLAKETRIAGE_REPLAY"
 QUARANTINED = "quarantined"
 
 
@@ -42,15 +44,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--flaketriage-store",
         default=None,
-        metavar="PATH",
-        help="Store for the bundles (default: FLAKETRIAGE_STORE, or ./.flaketriage).",
+        metavar="PATH|URL",
+        help="Store for the bundles: a directory or a store URL (default: FLAKETRIAGE_STORE, or "
+        "./.flaketriage).",
     )
     parser.addini("flaketriage", type="bool", default=False, help="Enable the flaketriage plugin.")
 
 
 def enabled(config: pytest.Config, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this session captures: asked for, and not itself a flaketriage replay."""
-    if environ.get(REPLAY_ENV) == "1":
+    if in_replay(environ):
         return False
     asked = environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     return bool(config.getoption("flaketriage") or config.getini("flaketriage") or asked)
@@ -86,30 +89,40 @@ class FlaketriageSession:
         self._settings: Settings | None = None
         self._capture: SessionCapture | None = None
         self._quarantine: QuarantineList | None = None
-        option = config.getoption("flaketriage_store")
-        self._store_option = Path(option).resolve() if option else None
+        self._store_option: str | None = config.getoption("flaketriage_store") or None
         self.relative = nodeid_relative_to(config.invocation_params.dir, config.rootpath)
 
     # -- lazily built, at the first failure -----------------------------------------------------
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            from flaketriage.settings import Settings
+            from flaketriage.settings import load_settings
 
-            self._settings = Settings()
+            self._settings = load_settings()
         return self._settings
 
     @property
-    def store_path(self) -> Path:
-        if self._store_option is not None:
-            return self._store_option
-        return (self.config.invocation_params.dir / self.settings.store).resolve()
+    def store_url(self) -> str:
+        """The store's URL (``--flaketriage-store``, else ``FLAKETRIAGE_STORE``); a relative path is
+        taken relative to the directory pytest was started in."""
+        from flaketriage.store import store_url
+
+        where = self._store_option or self.settings.store
+        return store_url(where, relative_to=self.config.invocation_params.dir)
+
+    def _quarantine_dir(self) -> Path:
+        """Where the quarantine file and the cached service list live: in a local store, else beside
+        ``FLAKETRIAGE_QUARANTINE_FILE`` (a `ConfigError` when that is not set)."""
+        from flaketriage.store import local_path
+
+        local = local_path(self.store_url)
+        return local if local is not None else self.settings.resolved_quarantine_file().parent
 
     def _quarantine_list(self) -> QuarantineList:
         if self._quarantine is None:
             from flaketriage.ci.quarantine_list import load_quarantine
 
-            self._quarantine, notes = load_quarantine(self.settings, self.store_path)
+            self._quarantine, notes = load_quarantine(self.settings, self._quarantine_dir())
             self.notes += notes
         return self._quarantine
 
@@ -128,7 +141,7 @@ class FlaketriageSession:
                 started_ns=self.started_ns,
                 randomly_seed=seed if isinstance(seed, int) else None,
             )
-            self._capture = SessionCapture(self.store_path, facts, self.settings)
+            self._capture = SessionCapture(self.store_url, facts, self.settings)
         return self._capture
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -186,7 +199,7 @@ class FlaketriageSession:
         if getattr(report, "wasxfail", None) is not None:
             return  # an xfail that failed strictly, or already marked
         try:
-            from flaketriage.ci.quarantine_list import entry_link, entry_reason
+            from flaketriage.ci.quarantine_list import describe
 
             rel = self.relative(report.nodeid)
             entry = self._quarantine_list().match({report.nodeid, rel}, self._fingerprint(report, rel))
@@ -195,8 +208,7 @@ class FlaketriageSession:
             return
         if entry is None:
             return
-        link = entry_link(entry)
-        what = entry_reason(entry) + (f" ({link})" if link else "")
+        what = describe(entry)
         # With `wasxfail` set the session does not count the failure (nor -x, nor --pdb), and the
         # teststatus hook above reports it as quarantined.
         report.wasxfail = f"quarantined: {what}"

@@ -2,19 +2,20 @@
 
 In a git repository the bundle records the commit, the remote, ``git diff --binary HEAD`` and the
 untracked, non-ignored files; elsewhere (or with ``--snapshot``) every file of the working
-directory that .gitignore does not exclude, within size caps.
+directory that .gitignore does not exclude, within size caps. Git runs through `flaketriage.git.Git`
+(`CAPTURE_GIT` unless the caller passes its own).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from flaketriage.git import Git
 from flaketriage.manifest import FileEntry, Source
 from flaketriage.settings import Settings
 from flaketriage.store import Store
@@ -22,6 +23,11 @@ from flaketriage.stored_files import store_file
 
 ALWAYS_SKIPPED = {".git", ".flaketriage", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+CAPTURE_GIT = Git(timeout_s=60.0)
+"""The git capture runs by default: this process's environment, and at most a minute a command, so
+that a slow repository costs the user's CI job little (a question git cannot answer in time is
+answered as "not a git repository")."""
 
 
 @dataclass(frozen=True)
@@ -39,24 +45,6 @@ class SourceLimits:
         )
 
 
-def _git(cwd: Path, *args: str) -> bytes | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def _git_text(cwd: Path, *args: str) -> str | None:
-    out = _git(cwd, *args)
-    return out.decode("utf-8", "replace").strip() if out is not None else None
-
-
-def git_root(cwd: Path) -> Path | None:
-    top = _git_text(cwd, "rev-parse", "--show-toplevel")
-    return Path(top) if top else None
-
-
 @dataclass(frozen=True)
 class SourcePlan:
     """What to record, listed before the command runs: outputs it writes are not inputs."""
@@ -69,19 +57,19 @@ class SourcePlan:
     """path relative to `root` → (size, mtime_ns) before the run."""
 
 
-def plan_source(cwd: Path, snapshot: bool = False) -> SourcePlan:
+def plan_source(cwd: Path, snapshot: bool = False, git: Git = CAPTURE_GIT) -> SourcePlan:
     """List the untracked files (git) or the snapshot's files, with their size and mtime."""
     cwd = cwd.resolve()
-    root = git_root(cwd)
-    commit = _git_text(cwd, "rev-parse", "--verify", "HEAD") if root else None
+    root = git.root(cwd)
+    commit = git.try_text(["rev-parse", "--verify", "HEAD"], cwd) if root else None
     if root is None or commit is None or snapshot:
         if root is not None:
-            listed = _git(cwd, "ls-files", "--cached", "--others", "--exclude-standard", "-z")
+            listed = git.try_run(["ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd)
             names = [n for n in (listed or b"").decode("utf-8", "surrogateescape").split("\0") if n]
         else:
             names = _walk_with_gitignore(cwd)
         return SourcePlan("snapshot", cwd, cwd, None, _stat_all(cwd, names))
-    untracked = _git(cwd, "ls-files", "--others", "--exclude-standard", "-z", "--full-name", ":/")
+    untracked = git.try_run(["ls-files", "--others", "--exclude-standard", "-z", "--full-name", ":/"], cwd)
     names = [n for n in (untracked or b"").decode("utf-8", "surrogateescape").split("\0") if n]
     return SourcePlan("git", cwd, root, commit, _stat_all(root, names))
 
@@ -103,7 +91,11 @@ def _stat_all(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def capture_source(
-    store: Store, plan: SourcePlan, limits: SourceLimits, exclude: Iterable[Path] = ()
+    store: Store,
+    plan: SourcePlan,
+    limits: SourceLimits,
+    exclude: Iterable[Path] = (),
+    git: Git = CAPTURE_GIT,
 ) -> Source:
     """Store what the plan listed, as it was before the run (files changed since are skipped)."""
     excluded = {p.resolve() for p in exclude}
@@ -113,12 +105,12 @@ def capture_source(
             kind="snapshot", repo_path=str(plan.root), subdir=".", files=tuple(files), skipped=tuple(skipped)
         )
     root = plan.root
-    diff = _git(root, "diff", "--binary", "HEAD")
-    remote = _git_text(root, "remote", "get-url", "origin") or None
+    diff = git.try_run(["diff", "--binary", "HEAD"], root)
+    remote = git.try_text(["remote", "get-url", "origin"], root) or None
     return Source(
         kind="git",
         commit=plan.commit,
-        branch=_git_text(root, "rev-parse", "--abbrev-ref", "HEAD"),
+        branch=git.try_text(["rev-parse", "--abbrev-ref", "HEAD"], root),
         remote=_URL_CREDENTIALS.sub("", remote) if remote else None,
         repo_path=str(root),
         subdir=os.path.relpath(plan.cwd, root),

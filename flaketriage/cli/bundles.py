@@ -14,25 +14,27 @@ from rich.table import Table
 from flaketriage.bundle import describe_failure, list_bundles, load_manifest, verify_bundle
 from flaketriage.cli.console import JsonOption, StoreOption, err, out, settings_for
 from flaketriage.manifest import Manifest
-from flaketriage.store import LocalStore
+from flaketriage.store import Store, local_path, open_store
 
 app = typer.Typer(help="Inspect, verify and export captured bundles.", no_args_is_help=True)
 
 
-def _readonly_store(store: Path | None) -> LocalStore:
-    return LocalStore(settings_for(store).store, readonly=True)
+def _readonly_store(store: str | None) -> Store:
+    return open_store(settings_for(store).store, readonly=True)
 
 
 @app.command("list")
 def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None:
     """List bundles, newest first."""
     location = settings_for(store).store
-    summaries = list_bundles(LocalStore(location, readonly=True)) if location.is_dir() else []
+    path = local_path(location)
+    missing = path is not None and not path.is_dir()  # no store yet: nothing captured here
+    summaries = [] if missing else list_bundles(open_store(location, readonly=True))
     if as_json:
         out.print_json(json.dumps([s.to_json() for s in summaries]))
         return
     if not summaries:
-        err.print(f"no bundles in {location.absolute()}")
+        err.print(f"no bundles in {path.absolute() if path is not None else location}")
         return
     table = Table(box=None, pad_edge=False)
     for col in ("id", "created", "command / test", "failure", "fingerprint"):
@@ -136,9 +138,10 @@ def export_command(
     store: StoreOption = None,
 ) -> None:
     """Write a self-contained reproduction that runs without flaketriage."""
+    from flaketriage.git import Git
     from flaketriage.workers.export import export_bundle
 
     st = _readonly_store(store)
     manifest = load_manifest(st, bundle)
-    path = export_bundle(st, manifest, manifest.bundle_id, dest)
+    path = export_bundle(st, manifest, manifest.bundle_id, dest, git=Git())
     out.print(f"exported {manifest.bundle_id[:12]} to {path}; run it with: cd {path} && bash run.sh")

@@ -4,33 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from flaketriage.settings import Settings
+from flaketriage.settings import Settings, load_settings
 
 # Results go to stdout (plain when piped); progress and diagnostics go to stderr.
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 StoreOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
-        "--store", help="Store directory (default: ./.flaketriage, or FLAKETRIAGE_STORE).", show_default=False
+        "--store",
+        help="Store: a directory or a store URL (default: FLAKETRIAGE_STORE, or ./.flaketriage).",
+        show_default=False,
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
-def settings_for(store: Path | None) -> Settings:
-    settings = Settings()
-    if store is not None:
-        settings = settings.model_copy(update={"store": store})
-    return settings
+def settings_for(store: str | None) -> Settings:
+    """The settings, with ``--store`` over ``FLAKETRIAGE_STORE``; a bad value is a `ConfigError`."""
+    return load_settings() if store is None else load_settings(store=store)
 
 
 @contextmanager

@@ -17,7 +17,9 @@ import tempfile
 from pathlib import Path
 
 from flaketriage.cli.console import err, out
+from flaketriage.dependencies import require
 from flaketriage.errors import FlaketriageError
+from flaketriage.git import Git
 
 TRAIN_PY = '''\
 """Linear regression by gradient descent on data/train.csv."""
@@ -92,13 +94,14 @@ def _write_project(root: Path, rows: int = 400, poisoned: int = 137) -> None:
         lines.append(f"{x1:.6g},{x2:.6g},{y:.6g}")
     (root / "data" / "train.csv").write_text("\n".join(lines) + "\n")
     if shutil.which("git"):
-        git = ["git", "-c", "user.name=flaketriage demo", "-c", "user.email=demo@example.invalid"]
+        git = Git()
+        author = ["-c", "user.name=flaketriage demo", "-c", "user.email=demo@example.invalid"]
         for args in (
             ["init", "-q"],
             ["add", "train.py", "test_flaky.py", ".gitignore"],
             ["commit", "-qm", "demo"],
         ):
-            subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
+            git.run([*author, *args], root)
 
 
 def _flaketriage(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -124,12 +127,7 @@ def _last_json(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, o
 def run_demo(keep: bool = True) -> Path:
     """Run the whole loop on a fresh demo project; return its path."""
     for module in ("numpy", "pytest"):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            raise FlaketriageError(
-                f"the demo needs {module}; install it with `pip install 'flaketriage[demo]'`"
-            ) from exc
+        require(module, "demo", "the demo")
     root = Path(tempfile.mkdtemp(prefix="flaketriage-demo-"))
     _write_project(root)
     out.print(f"[bold]demo project[/bold] {root}")

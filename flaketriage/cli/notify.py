@@ -14,7 +14,7 @@ from flaketriage.ci.outbox import FlushResult
 from flaketriage.cli.console import JsonOption, StoreOption, err, settings_for
 from flaketriage.errors import ConfigError
 from flaketriage.events import StoreLocation
-from flaketriage.store import LocalStore
+from flaketriage.store import open_store
 
 
 def notify(
@@ -76,7 +76,7 @@ def notify(
             err.print(f"[yellow]warning:[/yellow] {escape(secret_env)} is not set; events cannot be signed")
     notifier = Notifier.from_settings(settings, url=url, secret=secret, timeout_s=timeout, retries=retries)
 
-    st = LocalStore(settings.store)
+    st = open_store(settings.store)
     where = StoreLocation.parse(location) if location else None
     ids = list(bundles or [])
     if new:

@@ -13,7 +13,7 @@ from flaketriage.child_process import shell_exit_code
 from flaketriage.cli.console import JsonOption, StoreOption, err, out, progress_bar, settings_for
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
-from flaketriage.store import LocalStore
+from flaketriage.store import open_store
 
 
 def criteria_from_options(
@@ -68,7 +68,7 @@ def capture(
 
     settings = settings_for(store)
     criteria = criteria_from_options(fail_pattern or [], metric, above, below, metrics_file)
-    st = LocalStore(settings.store)
+    st = open_store(settings.store)
     request = CaptureRequest(
         argv=command,
         cwd=Path.cwd(),
@@ -113,6 +113,7 @@ def triage(
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
     from flaketriage.workers.quarantine import Quarantine
+    from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.report.markdown import MarkdownIssueSink
     from flaketriage.workers.sandbox import make_sandbox
     from flaketriage.workers.triage import triage as run_triage
@@ -123,7 +124,7 @@ def triage(
         if sandbox not in ("auto", "bwrap", "process"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap or process")
         settings = settings.model_copy(update={"sandbox": sandbox})
-    st = LocalStore(settings.store)
+    st = open_store(settings.store)
     policy = VerdictPolicy(
         min_rate=settings.min_flaky_rate,
         max_rate=settings.max_flaky_rate,
@@ -147,9 +148,12 @@ def triage(
             policy=policy,
             sink=MarkdownIssueSink(settings.resolved_issues_dir()),
             quarantine=Quarantine(settings.resolved_quarantine_file()),
+            context=ReplayContext.from_process(),
             minimize=minimize,
             timeout_s=timeout,
+            default_timeout_s=settings.replay_timeout_s,
             memory_mb=settings.replay_memory_mb,
+            tail_lines=settings.output_tail_lines,
             progress=progress,
         )
     data = result.to_json()
@@ -168,13 +172,14 @@ def triage(
         out.print(f"order-dependent: fails after {' '.join(result.polluters)}", markup=False)
         out.print(
             f"  found among {search['preceding']} preceding tests in {search['replays']} replays "
-            f"(confirmed {search['confirmations']})"
+            f"(confirmed {search['confirmations']} of {search['confirm_runs']})"
         )
     elif data["polluter_search"] and data["polluter_search"]["reproduced_in_order"]:
         search = data["polluter_search"]
         out.print(
             f"  the original test order reproduced the failure, but the polluters found "
-            f"({' '.join(search['polluters'])}) did not confirm ({search['confirmations']})",
+            f"({' '.join(search['polluters'])}) did not confirm "
+            f"({search['confirmations']} of {search['confirm_runs']})",
             markup=False,
         )
     for finding in result.findings:

@@ -13,16 +13,13 @@ capture a bundle that replays to it. The only part of flaketriage that imports t
         optimizer.zero_grad()
 """
 
+# ruff: noqa: E402 - the imports below need torch, so they follow the check that names the extra
+
 from __future__ import annotations
 
-try:
-    import torch  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised by a subprocess test without torch
-    from flaketriage.errors import GuardError
+from flaketriage.dependencies import require
 
-    raise GuardError(
-        "flaketriage.guards needs PyTorch, which is not installed: pip install 'flaketriage[guards]'"
-    ) from exc
+require("torch", "guards", "flaketriage.guards")
 
 from flaketriage.errors import GuardError, NumericFault
 from flaketriage.guards.checks import CHECKS, Check, Trip

@@ -29,16 +29,15 @@ import torch
 from flaketriage.guards.activations import cuda_ready
 from flaketriage.guards.checks import Trip
 from flaketriage.manifest import DataInput
+from flaketriage.replay_env import in_replay
 from flaketriage.store import Store
 
 log = logging.getLogger("flaketriage.guards")
 
-REPLAY_ENV = "FLAKETRIAGE_REPLAY"
-
 
 def replaying() -> bool:
     """True inside a flaketriage replay: guards then raise on every trip and capture nothing."""
-    return os.environ.get(REPLAY_ENV) == "1"
+    return in_replay(os.environ)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,8 @@ class DatasetFile:
 class CaptureOptions:
     """Where and what a guard captures on its first trip.
 
-    ``store``: a `Store` or a directory (default ``FLAKETRIAGE_STORE``, else ``.flaketriage``);
+    ``store``: a `Store`, or a location `open_store` reads: a directory (relative to ``cwd``) or a
+    store URL (default ``FLAKETRIAGE_STORE``, else ``.flaketriage``);
     ``checkpoint``: also store the model, optimizer and scaler state (off by default: it may be
     large or private); ``data``: the dataset file to slice; ``seeds``: seeds the program chose,
     recorded with the torch seed; ``argv``/``cwd``: the command that reruns the training (default:
@@ -102,11 +102,11 @@ class Recorder:
 
     def __init__(self, capture: CaptureOptions) -> None:
         from flaketriage.ci.source import plan_source
-        from flaketriage.settings import Settings
+        from flaketriage.settings import load_settings
 
         self.capture = capture
         self.cwd = Path(capture.cwd or Path.cwd()).resolve()
-        self.settings = Settings()
+        self.settings = load_settings()
         self.plan = plan_source(self.cwd)
         self.started = time.monotonic()
 
@@ -116,8 +116,7 @@ class Recorder:
         where = self.capture.store
         if isinstance(where, Store):
             return where
-        path = Path(where) if where is not None else self.settings.store
-        return open_store(path if path.is_absolute() else self.cwd / path)
+        return open_store(where if where is not None else self.settings.store, relative_to=self.cwd)
 
     def record(self, evidence: TripEvidence) -> str:
         """Write the bundle; returns its id."""

@@ -12,19 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flaketriage.errors import GuardError
+from flaketriage.dependencies import require
 from flaketriage.guards.activations import Hook
 from flaketriage.guards.guard import NumericGuard
 
 if TYPE_CHECKING:
     _Base = object
 else:
-    try:
-        from transformers import TrainerCallback as _Base
-    except ImportError as exc:
-        raise GuardError(
-            "flaketriage.guards.huggingface needs transformers: pip install transformers accelerate"
-        ) from exc
+    _Base = require("transformers", "huggingface", "flaketriage.guards.huggingface").TrainerCallback
 
 
 class NumericGuardCallback(_Base):

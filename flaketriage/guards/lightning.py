@@ -7,12 +7,13 @@ optimizer step. Works with ``lightning`` (``lightning.pytorch``) or ``pytorch_li
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flaketriage.errors import GuardError
+from flaketriage.dependencies import require
 from flaketriage.guards.guard import NumericGuard
 
 if TYPE_CHECKING:
@@ -20,13 +21,11 @@ if TYPE_CHECKING:
 else:
     try:
         from lightning.pytorch import Callback as _Base
-    except ImportError:
-        try:
-            from pytorch_lightning import Callback as _Base
-        except ImportError as exc:
-            raise GuardError(
-                "flaketriage.guards.lightning needs PyTorch Lightning: pip install lightning"
-            ) from exc
+    except ModuleNotFoundError:
+        # The standalone pytorch_lightning works too; with neither, the error names the extra.
+        standalone = importlib.util.find_spec("pytorch_lightning") is not None
+        module = "pytorch_lightning" if standalone else "lightning.pytorch"
+        _Base = require(module, "lightning", "flaketriage.guards.lightning").Callback
 
 
 class NumericGuardCallback(_Base):

@@ -1,16 +1,22 @@
-"""Content-addressed stores: the `Store` base, a local directory and an in-memory backend."""
+"""Content-addressed stores: the `Store` base, a local directory and an in-memory backend.
+
+`open_store` is the one way to get a store from a location (a path or a URL): see
+`flaketriage.store.registry`.
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from flaketriage.store.base import Store
 from flaketriage.store.local import LocalStore
 from flaketriage.store.memory import MemoryStore
+from flaketriage.store.registry import local_path, open_store, register_backend, store_url
 
-__all__ = ["LocalStore", "MemoryStore", "Store", "open_store"]
-
-
-def open_store(location: str | Path, readonly: bool = False) -> Store:
-    """The store at `location`: a directory path (``s3://`` arrives with the S3 backend)."""
-    return LocalStore(location, readonly=readonly)
+__all__ = [
+    "LocalStore",
+    "MemoryStore",
+    "Store",
+    "local_path",
+    "open_store",
+    "register_backend",
+    "store_url",
+]

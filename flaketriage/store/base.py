@@ -11,7 +11,9 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
+from flaketriage.atomic import write_atomic
 from flaketriage.errors import CorruptObjectError, StoreError
 from flaketriage.manifest import BlobRef
 
@@ -58,9 +60,23 @@ def check_key(key: str) -> str:
 
 
 class Store(ABC):
-    """A content-addressed store. Subclasses provide raw object and ref I/O."""
+    """A content-addressed store. Subclasses provide raw object and ref I/O, and open their URLs.
+
+    Get one with `flaketriage.store.open_store`, which picks the backend by the URL's scheme.
+    """
 
     readonly: bool = False
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str, *, readonly: bool = False) -> Self:
+        """The store at `url`, a canonical URL of this backend's scheme (see `store_url`)."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The canonical URL of the store (``file:///...``, ``memory://name``): `open_store` on it
+        opens this store again."""
 
     @property
     @abstractmethod
@@ -127,14 +143,7 @@ class Store(ABC):
 
     def get_file(self, key: str, dest: Path) -> None:
         """Write a verified blob to `dest` atomically (a temp file renamed into place)."""
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.ft-tmp")
-        try:
-            tmp.write_bytes(self.get_bytes(key))
-            tmp.replace(dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomic(Path(dest), self.get_bytes(key))
 
     def verify(self, key: str) -> None:
         """Raise ObjectNotFoundError or CorruptObjectError unless the blob is intact."""

@@ -1,23 +1,29 @@
 """`LocalStore`: a store in a directory, objects at ``objects/ab/cdef...``, refs under ``refs/``.
 
-Every write goes to a unique temp file in the target directory and is renamed into place, so
-concurrent writers of the same object race harmlessly and a crash never leaves a half-written
-object under its final name.
+Every write goes through `flaketriage.atomic`: a unique temp file renamed into place, so concurrent
+writers of the same object race harmlessly and a crash never leaves a half-written object under its
+final name. An object is written once; a later writer of the same key keeps the one there.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from flaketriage.atomic import write_atomic
-from flaketriage.errors import CorruptObjectError, ObjectNotFoundError, StoreError, StoreNotWritableError
+from flaketriage.atomic import staged_file, write_atomic
+from flaketriage.errors import (
+    ConfigError,
+    CorruptObjectError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreNotWritableError,
+)
 from flaketriage.manifest import BlobRef
 from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key, decode
+from flaketriage.store.registry import local_path
 
 
 class LocalStore(Store):
@@ -31,6 +37,17 @@ class LocalStore(Store):
                 raise StoreError(f"no store at {self.root}: the directory does not exist")
         else:
             self._prepare()
+
+    @classmethod
+    def from_url(cls, url: str, *, readonly: bool = False) -> LocalStore:
+        path = local_path(url)
+        if path is None:
+            raise ConfigError(f"{url} is not a local store: LocalStore opens directories and file:// URLs")
+        return cls(path, readonly=readonly)
+
+    @property
+    def url(self) -> str:
+        return self.root.as_uri()
 
     @property
     def location(self) -> str:
@@ -51,15 +68,22 @@ class LocalStore(Store):
     def _object_path(self, key: str) -> Path:
         return self.root / "objects" / key[:2] / key[2:]
 
-    def _atomic_write(self, final: Path, chunks: Iterator[bytes] | list[bytes]) -> None:
+    def _atomic_write(
+        self, final: Path, chunks: Iterator[bytes] | list[bytes], *, once: bool = False
+    ) -> None:
+        """`write_atomic`; with `once`, an object already at `final` is kept (content-addressed)."""
         try:
-            write_atomic(final, chunks)
+            write_atomic(final, chunks, overwrite=not once)
         except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOSPC):
-                raise StoreNotWritableError(
-                    f"cannot write {final} ({exc.strerror}); free space or fix permissions on the store"
-                ) from exc
-            raise
+            raise self._not_writable(final, exc) from exc
+
+    @staticmethod
+    def _not_writable(final: Path, exc: OSError) -> OSError | StoreNotWritableError:
+        if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOSPC):
+            return StoreNotWritableError(
+                f"cannot write {final} ({exc.strerror}); free space or fix permissions on the store"
+            )
+        return exc
 
     # -- primitives ---------------------------------------------------------------------------
     def _read_object(self, key: str) -> bytes:
@@ -71,7 +95,7 @@ class LocalStore(Store):
     def _write_object(self, key: str, stored: bytes) -> None:
         path = self._object_path(key)
         if not path.exists():
-            self._atomic_write(path, [stored])
+            self._atomic_write(path, [stored], once=True)
 
     def has(self, key: str) -> bool:
         return self._object_path(check_key(key)).is_file()
@@ -118,30 +142,28 @@ class LocalStore(Store):
         src = Path(path)
         digest = hashlib.sha256()
         size = 0
-        tmp_dir = self.root / "tmp"
-        fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "wb") as out, src.open("rb") as fh:
-                out.write(ZSTD)
-                writer = zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False)
-                while chunk := fh.read(CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    writer.write(chunk)
-                writer.close()  # type: ignore[no-untyped-call]
-                packed_size = out.tell()
+        # The key is known only once the file is read: staged in tmp/, named at the end.
+        with staged_file(self.root / "tmp", prefix="put-") as staged, src.open("rb") as fh:
+            out = staged.file
+            out.write(ZSTD)
+            writer = zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False)
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                writer.write(chunk)
+            writer.close()  # type: ignore[no-untyped-call]
+            packed_size = out.tell()
             key = digest.hexdigest()
             final = self._object_path(key)
             if not final.exists():
                 if packed_size >= size + 1:
                     self._write_raw_copy(src, final, key)
                 else:
-                    final.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(tmp, final)
-            return BlobRef(sha256=key, size=size)
-        finally:
-            tmp.unlink(missing_ok=True)
+                    try:
+                        staged.commit(final, overwrite=False)
+                    except OSError as exc:
+                        raise self._not_writable(final, exc) from exc
+        return BlobRef(sha256=key, size=size)
 
     def _write_raw_copy(self, src: Path, final: Path, key: str) -> None:
         digest = hashlib.sha256()
@@ -152,11 +174,10 @@ class LocalStore(Store):
                 while chunk := fh.read(CHUNK):
                     digest.update(chunk)
                     yield chunk
+            if digest.hexdigest() != key:  # raised before the rename: nothing lands under `key`
+                raise StoreError(f"{src} changed while it was being stored; capture it again")
 
-        self._atomic_write(final, chunks())
-        if digest.hexdigest() != key:
-            final.unlink(missing_ok=True)
-            raise StoreError(f"{src} changed while it was being stored; capture it again")
+        self._atomic_write(final, chunks(), once=True)
 
     def get_file(self, key: str, dest: Path) -> None:
         """Stream a blob to `dest`, verifying its hash before it is renamed into place."""
@@ -165,33 +186,29 @@ class LocalStore(Store):
         check_key(key)
         path = self._object_path(key)
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
         digest = hashlib.sha256()
-        try:
-            with os.fdopen(fd, "wb") as out:
-                try:
-                    fh = path.open("rb")
-                except FileNotFoundError as exc:
-                    raise ObjectNotFoundError(key, self.location) from exc
-                with fh:
-                    tag = fh.read(1)
-                    if tag == ZSTD:
-                        try:
-                            reader = zstandard.ZstdDecompressor().stream_reader(fh)
-                            while chunk := reader.read(CHUNK):
-                                digest.update(chunk)
-                                out.write(chunk)
-                        except zstandard.ZstdError as exc:
-                            raise CorruptObjectError(key, "<undecodable zstd frame>", self.location) from exc
-                    elif tag == RAW:
-                        while chunk := fh.read(CHUNK):
+        with staged_file(dest.parent, prefix=f".{dest.name}.") as staged:
+            out = staged.file
+            try:
+                fh = path.open("rb")
+            except FileNotFoundError as exc:
+                raise ObjectNotFoundError(key, self.location) from exc
+            with fh:
+                tag = fh.read(1)
+                if tag == ZSTD:
+                    try:
+                        reader = zstandard.ZstdDecompressor().stream_reader(fh)
+                        while chunk := reader.read(CHUNK):
                             digest.update(chunk)
                             out.write(chunk)
-                    else:
-                        decode(tag, key, self.location)
+                    except zstandard.ZstdError as exc:
+                        raise CorruptObjectError(key, "<undecodable zstd frame>", self.location) from exc
+                elif tag == RAW:
+                    while chunk := fh.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                else:
+                    decode(tag, key, self.location)
             if digest.hexdigest() != key:
                 raise CorruptObjectError(key, digest.hexdigest(), self.location)
-            os.replace(tmp_name, dest)
-        finally:
-            Path(tmp_name).unlink(missing_ok=True)
+            staged.commit(dest)

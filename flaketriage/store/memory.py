@@ -1,25 +1,83 @@
-"""`MemoryStore`: the in-memory backend, for tests and for in-process pipelines."""
+"""`MemoryStore`: the in-memory backend, for tests and for in-process pipelines.
+
+Stores are named: every `MemoryStore` (or ``open_store("memory://NAME")``) with the same name in a
+process shares one set of objects and refs, so a test and an embedded service can hand bundles to
+each other. A named store lives as long as the process; an unnamed one as long as a store uses it.
+"""
 
 from __future__ import annotations
 
 import threading
+import uuid
+import weakref
 from collections.abc import Iterator
 
-from flaketriage.errors import ObjectNotFoundError
+from flaketriage.errors import ConfigError, ObjectNotFoundError, StoreError
 from flaketriage.store.base import Store, check_key
+
+SCHEME = "memory://"
+
+
+class _Space:
+    """The objects and refs of one named store."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.refs: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+
+_named: dict[str, _Space] = {}
+_unnamed: weakref.WeakValueDictionary[str, _Space] = weakref.WeakValueDictionary()
+_spaces_lock = threading.Lock()
+
+
+def _space(name: str | None, readonly: bool) -> tuple[str, _Space]:
+    with _spaces_lock:
+        if name is None:
+            name = f"unnamed-{uuid.uuid4().hex[:16]}"
+            space = _unnamed[name] = _Space()
+            return name, space
+        found = _named.get(name) or _unnamed.get(name)
+        if found is not None:
+            return name, found
+        if readonly:
+            raise StoreError(
+                f"no store at {SCHEME}{name}: nothing in this process has opened it writable yet"
+            )
+        space = _named[name] = _Space()
+        return name, space
 
 
 class MemoryStore(Store):
-    """A store held in dictionaries; thread-safe."""
+    """A store held in dictionaries, shared by name within the process; thread-safe.
 
-    def __init__(self) -> None:
-        self._objects: dict[str, bytes] = {}
-        self._refs: dict[str, bytes] = {}
-        self._lock = threading.Lock()
+    ``MemoryStore()`` is a fresh store of its own (its `url` still reopens it while it is in use);
+    ``MemoryStore("ci")`` is the process's store named ``ci``, created at the first writable open.
+    """
+
+    def __init__(self, name: str | None = None, readonly: bool = False) -> None:
+        if name is not None and not name.strip("/"):
+            raise ConfigError(f"a memory store needs a name: {SCHEME}NAME")
+        self.name, self._space = _space(name.strip("/") if name else None, readonly)
+        self.readonly = readonly
+        self._objects = self._space.objects
+        self._refs = self._space.refs
+        self._lock = self._space.lock
+
+    @classmethod
+    def from_url(cls, url: str, *, readonly: bool = False) -> MemoryStore:
+        if not url.startswith(SCHEME):
+            raise ConfigError(f"{url} is not a memory store URL: write {SCHEME}NAME")
+        return cls(url[len(SCHEME) :], readonly=readonly)
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME}{self.name}"
 
     @property
     def location(self) -> str:
-        return f"memory://{id(self):x}"
+        return self.url
 
     def _read_object(self, key: str) -> bytes:
         try:

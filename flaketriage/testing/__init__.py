@@ -7,8 +7,9 @@ checks, finite outputs, and FP32-vs-AMP drift. Strategies live in ``flaketriage.
 Each failure is an :class:`MLAssertionError` (an ``AssertionError``, so pytest reports it as a test
 failure) whose message carries what a bug report needs: the values, the sample sizes, the seed and
 the library versions. numpy, scipy and torch are imported when a check needs them; a missing one
-raises :class:`MissingDependencyError`, which names ``pip install 'flaketriage[guards]'``. Importing
-this package loads neither pydantic nor the bundle manifest.
+raises :class:`MissingDependencyError`, which names ``pip install 'flaketriage[testing]'`` (numpy,
+scipy, hypothesis) or ``pip install 'flaketriage[guards]'`` (torch). Importing this package loads
+neither pydantic nor the bundle manifest.
 """
 
 from __future__ import annotations

@@ -2,39 +2,28 @@
 
 Assertions take torch tensors and numpy arrays alike; they compare on numpy, so a check never
 needs torch unless its inputs are tensors. A missing library raises
-:class:`MissingDependencyError`, which names the extra to install.
+:class:`MissingDependencyError`, which names the extra to install: ``testing`` for numpy and scipy,
+``guards`` for torch.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from types import ModuleType
 from typing import Any
 
-from flaketriage.errors import MissingDependencyError
-
-GUARDS_EXTRA = "pip install 'flaketriage[guards]'"
-
-
-def require(module: str, needed_for: str, install: str = GUARDS_EXTRA) -> ModuleType:
-    """Import ``module`` (``"numpy"``, ``"torch"``, ``"scipy.stats"``, ...) or say what to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependencyError(module.partition(".")[0], needed_for, install) from exc
+from flaketriage.dependencies import require
 
 
 def numpy() -> Any:
-    return require("numpy", "ML assertions")
+    return require("numpy", "testing", "ML assertions")
 
 
 def torch() -> Any:
-    return require("torch", "this check")
+    return require("torch", "guards", "this check")
 
 
 def scipy_stats() -> Any:
-    return require("scipy.stats", "distribution checks")
+    return require("scipy.stats", "testing", "distribution checks")
 
 
 def is_tensor(value: object) -> bool:

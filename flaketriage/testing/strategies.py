@@ -17,17 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from flaketriage.errors import MissingDependencyError
+from flaketriage.dependencies import require
 from flaketriage.testing import arrays
 from flaketriage.testing.finiteness import assert_finite_outputs
 
-try:
-    import hypothesis
-    from hypothesis import strategies as st
-except ImportError as exc:  # pragma: no cover - hypothesis is in the dev extra
-    raise MissingDependencyError(
-        "hypothesis", "flaketriage.testing.strategies", "pip install hypothesis"
-    ) from exc
+require("hypothesis", "testing", "flaketriage.testing.strategies")  # names the extra when missing
+import hypothesis  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -248,8 +244,8 @@ def check_model_is_finite(
 
 
 def _hypothesis_numpy() -> Any:
-    arrays.numpy()  # the guards hint, when numpy is what is missing
-    return arrays.require("hypothesis.extra.numpy", "tensor strategies", "pip install hypothesis")
+    arrays.numpy()  # named first: hypothesis.extra.numpy fails on a missing numpy too
+    return require("hypothesis.extra.numpy", "testing", "tensor strategies")
 
 
 def _as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:

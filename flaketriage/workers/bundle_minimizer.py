@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from flaketriage.bundle import write_bundle
 from flaketriage.errors import MinimizeError
-from flaketriage.manifest import BlobRef, Command, DataInput, Manifest, Minimization
+from flaketriage.manifest import BlobRef, Command, DataInput, Minimization
 from flaketriage.store import Store
 from flaketriage.stored_files import store_data_input
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
@@ -66,14 +67,36 @@ def find_knobs(argv: Sequence[str]) -> list[Knob]:
 
 @dataclass
 class MinimizeResult:
-    """The minimal bundle and how it was reached."""
+    """The minimal bundle (in the store, by id) and how it was reached."""
 
     bundle_id: str
-    manifest: Manifest
     data: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """data path → (items kept, items before)."""
     args: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """option → (value before, value after)."""
     oracle_calls: int = 0
     replays: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object that `from_json` turns back into an equal result."""
+        return {
+            "bundle": self.bundle_id,
+            "data": {p: {"kept": k, "of": n} for p, (k, n) in self.data.items()},
+            "args": {a: {"from": f, "to": t} for a, (f, t) in self.args.items()},
+            "oracle_calls": self.oracle_calls,
+            "replays": self.replays,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MinimizeResult:
+        """The result `to_json` wrote."""
+        return cls(
+            bundle_id=data["bundle"],
+            data={p: (v["kept"], v["of"]) for p, v in data["data"].items()},
+            args={a: (v["from"], v["to"]) for a, v in data["args"].items()},
+            oracle_calls=data["oracle_calls"],
+            replays=data["replays"],
+        )
 
 
 class BundleMinimizer:
@@ -151,7 +174,9 @@ class BundleMinimizer:
 
         data_inputs: list[DataInput] = []
         kept: dict[str, tuple[int, int]] = {}
-        with tempfile.TemporaryDirectory(prefix="flaketriage-min-") as tmp:
+        with tempfile.TemporaryDirectory(
+            prefix="flaketriage-min-", dir=self.replayer.context.temp_root
+        ) as tmp:
             for data in self.manifest.data:
                 if data.path not in subsets:
                     data_inputs.append(data)
@@ -184,7 +209,6 @@ class BundleMinimizer:
         bundle_id = write_bundle(self.store, manifest)
         return MinimizeResult(
             bundle_id=bundle_id,
-            manifest=manifest,
             data=kept,
             args=args,
             oracle_calls=self.oracle_calls,

@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flaketriage.bundle import describe_failure
-from flaketriage.errors import BundleError, SandboxError
+from flaketriage.errors import BundleError, GitError, SandboxError
+from flaketriage.git import Git
 from flaketriage.manifest import Manifest
+from flaketriage.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
 from flaketriage.store import Store
 from flaketriage.workers.report.render import environment_rows, markdown_table
 
 SITECUSTOMIZE = Path(__file__).parent / "sitecustomize" / "sitecustomize.py"
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 # Local version labels that name a published PyTorch wheel index rather than a local build.
@@ -31,8 +32,9 @@ _TORCH_INDEX_LABEL = re.compile(r"^(cu\d+|cpu|rocm[\d.]+)$")
 _TORCH_FAMILY = {"torch", "torchvision", "torchaudio"}
 
 
-def export_bundle(store: Store, manifest: Manifest, bundle_id: str, dest: Path) -> Path:
-    """Write the reproduction of `manifest` to `dest` (absent or empty) and return `dest`."""
+def export_bundle(store: Store, manifest: Manifest, bundle_id: str, dest: Path, *, git: Git) -> Path:
+    """Write the reproduction of `manifest` to `dest` (absent or empty) and return `dest`; a git
+    source is checked out with `git`."""
     dest = Path(dest).absolute()
     _check_dest(dest)
     try:
@@ -43,7 +45,7 @@ def export_bundle(store: Store, manifest: Manifest, bundle_id: str, dest: Path) 
             f"cannot export to {dest}: {exc.strerror or exc}; choose a writable directory"
         ) from exc
     try:
-        _build(store, manifest, bundle_id, tmp)
+        _build(store, manifest, bundle_id, tmp, git)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the export is meant to be shared
         if dest.exists():
             dest.rmdir()  # checked empty above; rename cannot replace it portably
@@ -64,12 +66,12 @@ def _check_dest(dest: Path) -> None:
         )
 
 
-def _build(store: Store, manifest: Manifest, bundle_id: str, out: Path) -> None:
+def _build(store: Store, manifest: Manifest, bundle_id: str, out: Path, git: Git) -> None:
     from flaketriage.workers.materialize import materialize
 
     try:
-        workspace = materialize(store, manifest, out / "workspace")
-    except SandboxError as exc:
+        workspace = materialize(store, manifest, out / "workspace", git=git)
+    except (SandboxError, GitError) as exc:
         raise BundleError(f"cannot export bundle {bundle_id[:12]}: {exc}") from exc
     cwd = workspace.cwd.resolve().relative_to(out.resolve())
     has_sitecustomize = SITECUSTOMIZE.is_file()
@@ -116,7 +118,7 @@ def run_script(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: 
         else:
             lines.append(f"# skipped seed variable {name!r}: not a valid shell variable name")
     lines.append("# Deterministic settings, as flaketriage's replays use them.")
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in DETERMINISTIC_ENV.items()]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in DETERMINISTIC_SETTINGS.items()]
     if sitecustomize:
         lines.append('export PYTHONPATH="$here/sitecustomize${PYTHONPATH:+:$PYTHONPATH}"')
     first = argv[0]
@@ -262,12 +264,12 @@ def _one_line(text: str) -> str:
 
 
 def _determinism_note(sitecustomize: bool) -> str:
-    note = "`run.sh` sets `CUBLAS_WORKSPACE_CONFIG=:4096:8`"
+    note = "`run.sh` sets " + ", ".join(f"`{k}={v}`" for k, v in DETERMINISTIC_SETTINGS.items())
     if not sitecustomize:
         return note + "."
     return (
         note + " and puts `sitecustomize/` on `PYTHONPATH`, which turns on PyTorch deterministic "
-        "algorithms when the program imports torch (`FLAKETRIAGE_DETERMINISTIC=0` turns that off)."
+        f"algorithms when the program imports torch (`{DETERMINISTIC_ENV}=0` turns that off)."
     )
 
 

@@ -41,13 +41,17 @@ def find_python(argv0: str, env: Mapping[str, str]) -> str | None:
     return shutil.which("python3", path=path) or shutil.which("python", path=path)
 
 
-def interpreter_paths(argv0: str, env: Mapping[str, str]) -> list[Path]:
-    """Directories the command's Python reads at start-up and import time (empty if unknown)."""
+def interpreter_paths(argv0: str, env: Mapping[str, str], temp_root: Path) -> list[Path]:
+    """Directories the command's Python reads at start-up and import time (empty if unknown).
+
+    The interpreter is asked from a fresh directory under `temp_root`, in environment `env`.
+    """
     python = find_python(argv0, env)
     if python is None:
         return []
     try:
-        with tempfile.TemporaryDirectory() as neutral:  # not the workspace: '' on sys.path is cwd
+        # Not the workspace: '' on sys.path is the cwd.
+        with tempfile.TemporaryDirectory(prefix="flaketriage-probe-", dir=temp_root) as neutral:
             done = subprocess.run(
                 [python, "-c", _PROBE],
                 env=dict(env),

@@ -1,14 +1,17 @@
-"""Materialize a bundle: the source (git checkout + diff, or snapshot) and data, in a fresh directory."""
+"""Materialize a bundle: the source (git checkout + diff, or snapshot) and data, in a fresh directory.
+
+Git runs through the `Git` the caller passes (a worker's carries the environment it was given), and
+nothing here reads the process environment, changes directory or uses the system temp directory.
+"""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaketriage.errors import SandboxError
+from flaketriage.errors import GitError, SandboxError
+from flaketriage.git import Git
 from flaketriage.manifest import Manifest
 from flaketriage.store import Store
 from flaketriage.stored_files import restore_data_input, restore_files, safe_join
@@ -30,13 +33,7 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _git(args: list[str], cwd: Path | None = None) -> None:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=600)
-    if done.returncode != 0:
-        raise SandboxError(f"`git {' '.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}")
-
-
-def _checkout(manifest: Manifest, dest: Path) -> None:
+def _checkout(manifest: Manifest, dest: Path, git: Git) -> None:
     src = manifest.source
     assert src.commit is not None
     origins = [o for o in (src.repo_path, src.remote) if o]
@@ -46,11 +43,11 @@ def _checkout(manifest: Manifest, dest: Path) -> None:
             errors.append(f"{origin}: not a directory on this machine")
             continue
         try:
-            _git(["clone", "--quiet", "--no-checkout", origin, str(dest)])
-            _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", src.commit], cwd=dest)
+            git.run(["clone", "--quiet", "--no-checkout", origin, str(dest)], dest.parent)
+            git.run(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", src.commit], dest)
             return
-        except SandboxError as exc:
-            errors.append(str(exc))
+        except GitError as exc:
+            errors.append(f"`{exc.command}`: {exc.stderr or str(exc)}")
             shutil.rmtree(dest, ignore_errors=True)
     raise SandboxError(
         f"cannot check out commit {src.commit}: "
@@ -59,8 +56,12 @@ def _checkout(manifest: Manifest, dest: Path) -> None:
     )
 
 
-def materialize(store: Store, manifest: Manifest, dest: Path) -> Workspace:
-    """Lay out the bundle's source and data under `dest` (which must not exist or be empty)."""
+def materialize(store: Store, manifest: Manifest, dest: Path, *, git: Git) -> Workspace:
+    """Lay out the bundle's source and data under `dest` (which must not exist or be empty).
+
+    A git source is cloned and checked out with `git`; a recorded diff that does not apply raises
+    `GitError`, a commit that cannot be checked out from anywhere `SandboxError`.
+    """
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise SandboxError(f"{dest} is not empty; materialize into a new directory")
@@ -69,12 +70,15 @@ def materialize(store: Store, manifest: Manifest, dest: Path) -> Workspace:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
             dest.rmdir()
-        _checkout(manifest, dest)
+        _checkout(manifest, dest, git)
         if src.diff is not None:
-            with tempfile.NamedTemporaryFile(suffix=".diff") as patch:
-                patch.write(store.get_bytes(src.diff.sha256))
-                patch.flush()
-                _git(["apply", "--binary", "--whitespace=nowarn", patch.name], cwd=dest)
+            git.run(
+                ["apply", "--binary", "--whitespace=nowarn", "-"],
+                dest,
+                stdin=store.get_bytes(src.diff.sha256),
+                hint=f"The bundle's recorded diff does not apply to commit {src.commit}, so the two do "
+                "not belong together; re-capture the failure, or capture it with --snapshot",
+            )
     else:
         dest.mkdir(parents=True, exist_ok=True)
     restore_files(store, src.files, dest)

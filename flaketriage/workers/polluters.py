@@ -11,10 +11,10 @@ lines carry the original fingerprint; other tests of the run may fail as they li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import pytest_failure_info
@@ -43,23 +43,18 @@ class OrderTarget:
     @classmethod
     def of(cls, manifest: Manifest) -> OrderTarget | None:
         """The target of a test bundle that recorded preceding tests, else None."""
-        preceding = manifest.annotations.get("preceding_tests")
-        meta = manifest.annotations.get("pytest")
-        meta = meta if isinstance(meta, dict) else {}
-        nodeid = meta.get("nodeid") or manifest.failure.test_id
-        if manifest.kind != "test" or not preceding or not isinstance(preceding, list) or not nodeid:
+        run = manifest.pytest
+        if manifest.kind != "test" or run is None or not run.preceding:
             return None
         argv = tuple(manifest.command.argv)
-        if nodeid not in argv:
-            return None
-        tests = tuple(dict.fromkeys(str(t) for t in preceding if t != nodeid))
-        elapsed = meta.get("elapsed_s")
+        if run.node_id not in argv:
+            return None  # a rerun command this search cannot put earlier tests into
         return cls(
-            nodeid=nodeid,
-            preceding=tests,
+            nodeid=run.node_id,
+            preceding=tuple(dict.fromkeys(t for t in run.preceding if t != run.node_id)),
             argv=argv,
-            position=argv.index(nodeid),
-            elapsed_s=float(elapsed) if isinstance(elapsed, int | float) else 0.0,
+            position=argv.index(run.node_id),
+            elapsed_s=run.elapsed_s,
         )
 
     def argv_with(self, tests: Sequence[str]) -> list[str]:
@@ -113,15 +108,30 @@ class PolluterSearch:
         """Polluters found, and they made the victim fail on every confirmation run."""
         return bool(self.polluters) and self.confirmations == self.confirm_runs
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object that `from_json` turns back into an equal search."""
         return {
             "preceding": self.preceding,
             "reproduced_in_order": self.reproduced_in_order,
             "polluters": list(self.polluters),
             "oracle_calls": self.oracle_calls,
-            "confirmations": f"{self.confirmations} of {self.confirm_runs}",
+            "confirmations": self.confirmations,
+            "confirm_runs": self.confirm_runs,
             "replays": self.replays,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PolluterSearch:
+        """The search `to_json` wrote."""
+        return cls(
+            preceding=data["preceding"],
+            reproduced_in_order=data["reproduced_in_order"],
+            polluters=tuple(data["polluters"]),
+            oracle_calls=data["oracle_calls"],
+            confirmations=data["confirmations"],
+            confirm_runs=data["confirm_runs"],
+            replays=data["replays"],
+        )
 
 
 @contextmanager

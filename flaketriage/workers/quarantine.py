@@ -1,38 +1,35 @@
-"""The quarantine list: flaky failures marked as such, with the evidence, in one JSON file.
+"""The quarantine list as the workers keep it: one JSON file of `flaketriage.quarantine.QuarantineDocument`.
 
-The file is ``{"version": 1, "entries": {fingerprint: entry}}``. Changes are read-modify-write under
-an ``fcntl`` lock beside the file and land by atomic rename, so concurrent reporters never lose an
-entry; a file that cannot be parsed is reported, never overwritten.
+Changes are read-modify-write under a lock beside the file (`flaketriage.file_lock`) and land by
+atomic rename, so concurrent reporters never lose an entry; a file that cannot be parsed is
+reported, never overwritten.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from flaketriage.errors import ReportError
-from flaketriage.workers.report.base import ReportRef, check_fingerprint, utc_now
-from flaketriage.workers.report.markdown import locked, write_atomic
+from flaketriage.atomic import write_atomic
+from flaketriage.errors import QuarantineError, ReportError
+from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEntry, QuarantineEvidence
+from flaketriage.workers.report.base import ReportRef, check_fingerprint, report_lock, utc_now
 from flaketriage.workers.verdict import VerdictResult
 
-VERSION = 1
 
-
-def evidence_of(result: VerdictResult) -> dict[str, Any]:
+def evidence_of(result: VerdictResult) -> QuarantineEvidence:
     """The verdict evidence a quarantine entry keeps: counts and the reproduction-rate interval."""
-    return {
-        "verdict": str(result.verdict),
-        "decided": result.decided,
-        "replays": result.replays,
-        "reproductions": result.reproductions,
-        "passes": result.passes,
-        "different": result.different,
-        "rate": {"estimate": result.rate.estimate, "low": result.rate.low, "high": result.rate.high},
-    }
+    return QuarantineEvidence(
+        verdict=str(result.verdict),
+        decided=result.decided,
+        replays=result.replays,
+        reproductions=result.reproductions,
+        passes=result.passes,
+        different=result.different,
+        rate=FailureRate(estimate=result.rate.estimate, low=result.rate.low, high=result.rate.high),
+    )
 
 
 class Quarantine:
@@ -54,58 +51,57 @@ class Quarantine:
         test_id: str | None,
         command: str,
         bundle_id: str,
-        verdict_evidence: Mapping[str, Any],
+        evidence: QuarantineEvidence,
         reason: str,
+        issue_url: str | None = None,
     ) -> ReportRef:
-        """Quarantine a failure, or refresh its entry: new evidence and reason, the bundle added."""
+        """Quarantine a failure, or refresh its entry: new evidence and reason, the bundle added.
+
+        `issue_url` links the issue or report that explains it; None keeps the entry's link.
+        """
         check_fingerprint(fingerprint)
-        evidence = _json_safe(verdict_evidence, fingerprint)
         with self._locked():
-            entries = self._load()
-            now = self._clock().isoformat()
-            entry = entries.get(fingerprint)
-            created = entry is None
-            if entry is None:
-                entry = {"fingerprint": fingerprint, "quarantined_at": now, "bundles": []}
-            if bundle_id not in entry["bundles"]:
-                entry["bundles"].append(bundle_id)
-            entry.update(
+            doc = self._load()
+            now = self._clock()
+            old = doc.entries.get(fingerprint)
+            bundles = old.bundles if old is not None else ()
+            entry = QuarantineEntry(
+                fingerprint=fingerprint,
                 test_id=test_id,
+                reason=reason,
+                evidence=evidence,
                 command=command,
                 bundle_id=bundle_id,
-                evidence=evidence,
-                reason=reason,
-                occurrences=int(entry.get("occurrences", 0)) + 1,
+                bundles=bundles if bundle_id in bundles else (*bundles, bundle_id),
+                occurrences=(old.occurrences if old is not None else 0) + 1,
+                issue_url=issue_url or (old.issue_url if old is not None else None),
+                quarantined_at=old.quarantined_at if old is not None else now,
                 updated_at=now,
             )
-            entries[fingerprint] = entry
-            self._save(entries)
-        return ReportRef(kind="quarantine", location=str(self.path), created=created)
+            self._save(doc.with_entry(entry))
+        return ReportRef(kind="quarantine", location=str(self.path), created=old is None)
 
     def remove(self, fingerprint: str) -> bool:
         """Lift a quarantine; False when the fingerprint was not quarantined."""
         with self._locked():
-            entries = self._load()
-            if entries.pop(fingerprint, None) is None:
+            doc = self._load()
+            if fingerprint not in doc.entries:
                 return False
-            self._save(entries)
+            self._save(doc.without(fingerprint))
         return True
 
     # -- queries --------------------------------------------------------------------------------
-    def get(self, fingerprint: str) -> dict[str, Any] | None:
-        """A copy of the entry for this fingerprint, or None."""
-        return self._load().get(fingerprint)
+    def get(self, fingerprint: str) -> QuarantineEntry | None:
+        """The entry for this fingerprint, or None."""
+        return self._load().entries.get(fingerprint)
 
-    def entries(self) -> dict[str, dict[str, Any]]:
-        """A copy of every entry, by fingerprint."""
-        return self._load()
+    def entries(self) -> dict[str, QuarantineEntry]:
+        """Every entry, by fingerprint."""
+        return dict(self._load().entries)
 
     def is_quarantined(self, test_id_or_fingerprint: str) -> bool:
         """Whether a fingerprint, or a test id of any entry, is quarantined."""
-        entries = self._load()
-        if test_id_or_fingerprint in entries:
-            return True
-        return any(e.get("test_id") == test_id_or_fingerprint for e in entries.values())
+        return self._load().find({test_id_or_fingerprint}, test_id_or_fingerprint) is not None
 
     # -- the file -------------------------------------------------------------------------------
     @contextmanager
@@ -117,55 +113,33 @@ class Quarantine:
                 f"cannot create {self.path.parent} for the quarantine list ({exc.strerror or exc}); set "
                 "FLAKETRIAGE_QUARANTINE_FILE to a writable path"
             ) from exc
-        with locked(self.lock_path):
+        with report_lock(self.lock_path):
             yield
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _load(self) -> QuarantineDocument:
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
-        except (OSError, UnicodeDecodeError) as exc:
+            return QuarantineDocument()
+        except OSError as exc:
             raise ReportError(
                 f"cannot read the quarantine list {self.path} ({exc}); fix its permissions"
             ) from exc
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise self._corrupt(f"it is not valid JSON ({exc})") from exc
-        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-            raise self._corrupt('expected an object {"version": 1, "entries": {...}}')
-        if data.get("version") != VERSION:
+            return QuarantineDocument.from_json(raw, where=f"the quarantine list {self.path}")
+        except QuarantineError as exc:
+            if not exc.damaged:  # another flaketriage's version: never overwritten, never deleted
+                raise ReportError(str(exc)) from exc
             raise ReportError(
-                f"the quarantine list {self.path} has version {data.get('version')!r}, this flaketriage "
-                f"reads version {VERSION}; upgrade flaketriage to change it"
-            )
-        entries: dict[str, dict[str, Any]] = data["entries"]
-        for fingerprint, entry in entries.items():
-            if not isinstance(entry, dict) or not isinstance(entry.get("bundles", []), list):
-                raise self._corrupt(f"the entry for {fingerprint!r} is not an object with a bundles list")
-            entry.setdefault("bundles", [])
-        return entries
+                f"{exc}. It was left untouched; fix it by hand, or delete it to start an empty list "
+                "(every quarantine in it is then lifted)"
+            ) from exc
 
-    def _corrupt(self, why: str) -> ReportError:
-        return ReportError(
-            f"the quarantine list {self.path} is damaged: {why}. It was left untouched; fix it by "
-            "hand, or delete it to start an empty list (every quarantine in it is then lifted)"
-        )
-
-    def _save(self, entries: Mapping[str, Any]) -> None:
-        doc = {"version": VERSION, "entries": dict(sorted(entries.items()))}
-        write_atomic(self.path, json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def _json_safe(evidence: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
-    """A deep copy of `evidence` that JSON can hold (finite numbers only, string keys)."""
-    try:
-        text = json.dumps(dict(evidence), allow_nan=False, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ReportError(
-            f"the verdict evidence for {fingerprint} cannot be stored as JSON ({exc}); pass plain "
-            "numbers and strings, e.g. quarantine.evidence_of(verdict_result)"
-        ) from exc
-    safe: dict[str, Any] = json.loads(text)  # the round trip also detaches it from the caller's dict
-    return safe
+    def _save(self, doc: QuarantineDocument) -> None:
+        try:
+            write_atomic(self.path, doc.to_json())
+        except OSError as exc:
+            raise ReportError(
+                f"cannot write {self.path} ({exc.strerror or exc}); make {self.path.parent} writable "
+                "and check free space"
+            ) from exc

@@ -3,6 +3,10 @@
 Each replay gets the recorded seeds and deterministic settings, a wall-clock limit and a private
 copy of the materialized workspace; its failure counts as a reproduction only when its fingerprint
 equals the original's.
+
+What a replay takes from the machine (the base environment, where temporary workspaces go, how git
+runs) comes in a `ReplayContext`, never from process globals, so one worker process can run many
+triages at once in threads.
 """
 
 from __future__ import annotations
@@ -11,14 +15,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.git import Git
 from flaketriage.manifest import Manifest
 from flaketriage.metrics import read_metrics
 from flaketriage.redaction import MASK
+from flaketriage.replay_env import REPLAY_SETTINGS
+from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S
 from flaketriage.store import Store
 from flaketriage.workers.interpreter import interpreter_paths
 from flaketriage.workers.materialize import Workspace, materialize
@@ -27,7 +34,6 @@ from flaketriage.workers.verdict import Outcome
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
 _PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "FLAKETRIAGE_REPLAY": "1"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,30 @@ class Variant:
     data: Mapping[str, Sequence[int]] | None = None
     """data path → indices of the items to keep."""
     argv: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    """What replays take from the machine they run on, handed in by whoever starts the triage.
+
+    The CLI builds it from its own process (`from_process`); a worker running several triages in
+    one process builds one per triage.
+    """
+
+    base_env: Mapping[str, str] = field(repr=False, hash=False)
+    """The environment replays start from: secrets the bundle masked are refilled from it, and a
+    bundle that recorded no environment gets all of it."""
+    temp_root: Path
+    """Where each `Replayer` makes its temporary directory (the materialized workspace, one copy
+    per replay, scratch files); created when missing, and the `Replayer` removes its own directory."""
+    git: Git
+    """How to run git when materializing a git source."""
+
+    @classmethod
+    def from_process(cls) -> ReplayContext:
+        """This process's environment, the system temp directory, and git run in that environment."""
+        env = dict(os.environ)
+        return cls(base_env=env, temp_root=Path(tempfile.gettempdir()), git=Git(env=env))
 
 
 def _original_roots(manifest: Manifest) -> list[str]:
@@ -68,7 +98,10 @@ def _environment_root(path: Path, within: Path) -> Path | None:
 
 
 class Replayer:
-    """Replays one bundle many times: materialized once, copied for each run."""
+    """Replays one bundle many times: materialized once, copied for each run.
+
+    Everything it writes lives in one directory under ``context.temp_root``, removed by `close`.
+    """
 
     def __init__(
         self,
@@ -76,22 +109,30 @@ class Replayer:
         manifest: Manifest,
         sandbox: Sandbox,
         *,
+        context: ReplayContext,
         timeout_s: float | None = None,
+        default_timeout_s: float = DEFAULT_REPLAY_TIMEOUT_S,
         memory_mb: int | None = None,
-        base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.manifest = manifest
         self.sandbox = sandbox
-        self.timeout_s = timeout_s or manifest.command.timeout_s or 600.0
+        self.context = context
+        # An explicit limit, else the one the capture recorded, else FLAKETRIAGE_REPLAY_TIMEOUT_S.
+        self.timeout_s = timeout_s or manifest.command.timeout_s or default_timeout_s
         self.memory_mb = memory_mb
-        self.base_env = dict(os.environ if base_env is None else base_env)
-        self._tmp = Path(tempfile.mkdtemp(prefix="flaketriage-replay-"))
-        self.template: Workspace = materialize(store, manifest, self._tmp / "template")
-        self._count = 0
-        self._moved: list[tuple[str, str]] = []
-        self._moved_for: Path | None = None
-        self._interpreters = self._interpreter_dirs()
+        self.base_env = dict(context.base_env)
+        context.temp_root.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix="flaketriage-replay-", dir=context.temp_root)).absolute()
+        try:
+            self.template: Workspace = materialize(store, manifest, self._tmp / "template", git=context.git)
+            self._count = 0
+            self._moved: list[tuple[str, str]] = []
+            self._moved_for: Path | None = None
+            self._interpreters = self._interpreter_dirs()
+        except BaseException:
+            self.close()  # a bundle that cannot be materialized leaves nothing behind
+            raise
 
     def __enter__(self) -> Replayer:
         return self
@@ -136,7 +177,7 @@ class Replayer:
         if seeds.python_hash_seed is not None:
             env["PYTHONHASHSEED"] = seeds.python_hash_seed
         env.update(seeds.env)
-        for name, value in DETERMINISTIC_ENV.items():
+        for name, value in REPLAY_SETTINGS.items():
             env.setdefault(name, value)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH")) if p)
         env["PWD"] = str(ws.cwd)
@@ -157,7 +198,7 @@ class Replayer:
             candidates.append(os.path.dirname(argv0))
         candidates.append(str(SITECUSTOMIZE_DIR))
         probe_env = {**self.base_env, **{k: v for k, v in env.items() if MASK not in v}}
-        candidates += [str(p) for p in interpreter_paths(argv0, probe_env)] if argv0 else []
+        candidates += [str(p) for p in interpreter_paths(argv0, probe_env, self._tmp)] if argv0 else []
         roots = [Path(r) for r in _original_roots(self.manifest)]
         out: list[Path] = []
         for c in candidates:

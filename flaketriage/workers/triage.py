@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +27,12 @@ from flaketriage.bundle import load_manifest
 from flaketriage.errors import MinimizeError
 from flaketriage.fingerprint import FailureInfo
 from flaketriage.manifest import Manifest
+from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEOUT_S
 from flaketriage.store import Store
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters
-from flaketriage.workers.quarantine import Quarantine
-from flaketriage.workers.replay import Replayer
+from flaketriage.workers.quarantine import Quarantine, evidence_of
+from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueSink, ReportRef
 from flaketriage.workers.report.render import render_issue
 from flaketriage.workers.sandbox import Sandbox
@@ -51,10 +52,30 @@ class Finding:
     summary: str
     count: int
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object that `from_json` turns back into an equal finding."""
+        return {
+            "fingerprint": self.fingerprint,
+            "kind": self.kind,
+            "summary": self.summary,
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        """The finding `to_json` wrote."""
+        return cls(
+            fingerprint=data["fingerprint"], kind=data["kind"], summary=data["summary"], count=data["count"]
+        )
+
 
 @dataclass
 class TriageResult:
-    """Everything `flaketriage triage --json` prints."""
+    """Everything `flaketriage triage --json` prints, and what a triage task returns.
+
+    ``to_json`` writes the object README.md documents; ``from_json`` is its exact inverse (it raises
+    KeyError or ValueError for an object ``to_json`` did not write), so a result survives a broker.
+    """
 
     bundle_id: str
     verdict: VerdictResult
@@ -72,37 +93,40 @@ class TriageResult:
         return list(self.polluter_search.polluters)
 
     def to_json(self) -> dict[str, Any]:
-        v = self.verdict
+        minimal = self.minimized.to_json() if self.minimized else None
+        minimal_bundle = minimal.pop("bundle") if minimal else None  # printed beside, not inside
+        report = (
+            self.report.to_json() if self.report else {"kind": "none", "location": None, "created": False}
+        )
         return {
             "bundle": self.bundle_id,
-            "verdict": str(v.verdict),
-            "decided": v.decided,
-            "replays": v.replays,
-            "failures": v.reproductions,
-            "passes": v.passes,
-            "different_failures": v.different,
-            "failure_rate": {"estimate": v.rate.estimate, "low": v.rate.low, "high": v.rate.high},
-            "findings": [f.__dict__ for f in self.findings],
+            **self.verdict.to_json(),
+            "findings": [f.to_json() for f in self.findings],
             "polluters": self.polluters,
             "polluter_search": self.polluter_search.to_json() if self.polluter_search else None,
-            "minimal_bundle": self.minimized.bundle_id if self.minimized else None,
-            "minimal": (
-                {
-                    "data": {p: {"kept": k, "of": n} for p, (k, n) in self.minimized.data.items()},
-                    "args": {a: {"from": f, "to": t} for a, (f, t) in self.minimized.args.items()},
-                    "oracle_calls": self.minimized.oracle_calls,
-                    "replays": self.minimized.replays,
-                }
-                if self.minimized
+            "minimal_bundle": minimal_bundle,
+            "minimal": minimal,
+            "minimize_error": self.minimize_error,
+            "report": report,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TriageResult:
+        """The result `to_json` wrote (``polluters`` is derived, so it is not read)."""
+        minimal, search, report = data["minimal"], data["polluter_search"], data["report"]
+        return cls(
+            bundle_id=data["bundle"],
+            verdict=VerdictResult.from_json(data),
+            findings=[Finding.from_json(f) for f in data["findings"]],
+            minimized=(
+                MinimizeResult.from_json({**minimal, "bundle": data["minimal_bundle"]})
+                if minimal is not None
                 else None
             ),
-            "minimize_error": self.minimize_error,
-            "report": (
-                {"kind": self.report.kind, "location": self.report.location, "created": self.report.created}
-                if self.report
-                else {"kind": "none", "location": None, "created": False}
-            ),
-        }
+            minimize_error=data["minimize_error"],
+            report=None if report["kind"] == "none" else ReportRef.from_json(report),
+            polluter_search=PolluterSearch.from_json(search) if search is not None else None,
+        )
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -186,15 +210,33 @@ def triage(
     policy: VerdictPolicy,
     sink: IssueSink | None,
     quarantine: Quarantine | None,
+    context: ReplayContext,
     minimize: bool = False,
     timeout_s: float | None = None,
+    default_timeout_s: float = DEFAULT_REPLAY_TIMEOUT_S,
     memory_mb: int | None = None,
+    tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
     progress: ProgressFn | None = None,
 ) -> TriageResult:
-    """The whole loop for one bundle."""
+    """The whole loop for one bundle.
+
+    Everything it uses comes in through its arguments (the machine's side through `context`), and
+    it changes no process-wide state, so several triages can run at once in one process's threads.
+    `timeout_s` is every replay's limit when given; otherwise the capture's own, else
+    `default_timeout_s` (``FLAKETRIAGE_REPLAY_TIMEOUT_S``). `tail_lines`
+    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how much of stderr an issue shows.
+    """
     manifest = load_manifest(store, ident)
     bundle_id = manifest.bundle_id
-    with Replayer(store, manifest, sandbox, timeout_s=timeout_s, memory_mb=memory_mb) as replayer:
+    with Replayer(
+        store,
+        manifest,
+        sandbox,
+        context=context,
+        timeout_s=timeout_s,
+        default_timeout_s=default_timeout_s,
+        memory_mb=memory_mb,
+    ) as replayer:
         replays = SequentialReplays(replayer, policy, progress)
         target = OrderTarget.of(manifest)
         search = decide_order(replays, target, progress) if target is not None else None
@@ -220,7 +262,7 @@ def triage(
                 result.minimized = minimizer.run()
             except MinimizeError as exc:
                 result.minimize_error = str(exc)
-    result.report = report(store, manifest, result, sink, quarantine)
+    result.report = report(store, manifest, result, sink, quarantine, tail_lines=tail_lines)
     return result
 
 
@@ -230,6 +272,8 @@ def report(
     result: TriageResult,
     sink: IssueSink | None,
     quarantine: Quarantine | None,
+    *,
+    tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
 ) -> ReportRef | None:
     """An issue for a deterministic or order-dependent failure, a quarantine entry for a flaky one."""
     v = result.verdict
@@ -240,24 +284,24 @@ def report(
             manifest,
             result.bundle_id,
             v,
-            minimal=minimal.manifest if minimal else None,
+            minimal=load_manifest(store, minimal.bundle_id) if minimal else None,
             minimal_bundle_id=minimal.bundle_id if minimal else None,
             store_location=store.location,
             findings=[f"{f.summary} ({f.count}×, fingerprint {f.fingerprint[:12]})" for f in result.findings],
             polluters=result.polluters,
+            tail_lines=tail_lines,
         )
         return sink.upsert(draft)
     if v.verdict is Verdict.FLAKY and quarantine is not None:
+        # A flaky verdict files no issue, but one opened earlier for this failure explains it.
+        issue = sink.find(manifest.failure.fingerprint) if sink is not None else None
         return quarantine.add(
             manifest.failure.fingerprint,
             test_id=manifest.failure.test_id,
             command=shlex.join(manifest.command.argv),
             bundle_id=result.bundle_id,
-            verdict_evidence={
-                "replays": v.replays,
-                "reproductions": v.reproductions,
-                "rate": {"estimate": v.rate.estimate, "low": v.rate.low, "high": v.rate.high},
-            },
+            evidence=evidence_of(v),
             reason=f"flaky: reproduced {v.reproductions} of {v.replays} replays",
+            issue_url=issue.location if issue is not None else None,
         )
     return None

@@ -24,15 +24,17 @@ A flaky verdict is certain at its first mixed outcome, but a rate from two repla
 replays go on to ``flaky_rate_replays`` (20) in all to narrow the interval (0 stops at once).
 
 Every verdict carries the reproduction rate (reproductions / replays) with an exact 95%
-Clopper–Pearson interval.
+Clopper–Pearson interval. A `VerdictResult` crosses process boundaries as JSON (``to_json`` /
+``from_json``, exact inverses), in the shape ``flaketriage triage --json`` prints.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from flaketriage.errors import ConfigError
 
@@ -148,6 +150,13 @@ class RateInterval:
     low: float
     high: float
 
+    def to_json(self) -> dict[str, float]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RateInterval:
+        return cls(estimate=data["estimate"], low=data["low"], high=data["high"])
+
 
 @dataclass(frozen=True)
 class VerdictResult:
@@ -160,6 +169,31 @@ class VerdictResult:
     passes: int
     different: int
     rate: RateInterval
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict's part of ``flaketriage triage --json``; `from_json` reads it back."""
+        return {
+            "verdict": str(self.verdict),
+            "decided": self.decided,
+            "replays": self.replays,
+            "failures": self.reproductions,
+            "passes": self.passes,
+            "different_failures": self.different,
+            "failure_rate": self.rate.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> VerdictResult:
+        """The result `to_json` wrote (other keys, such as the rest of a triage result, are ignored)."""
+        return cls(
+            verdict=Verdict(data["verdict"]),
+            decided=data["decided"],
+            replays=data["replays"],
+            reproductions=data["failures"],
+            passes=data["passes"],
+            different=data["different_failures"],
+            rate=RateInterval.from_json(data["failure_rate"]),
+        )
 
 
 class SequentialTest:

@@ -24,7 +24,7 @@ from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
 from flaketriage.workers.polluters import OrderTarget, fails_in
 from flaketriage.workers.quarantine import Quarantine
-from flaketriage.workers.replay import Replayer, Variant
+from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import triage
 from flaketriage.workers.verdict import Outcome, Verdict, VerdictPolicy
@@ -73,7 +73,9 @@ def by_test(store_dir: Path) -> dict[str, Manifest]:
 
 
 def replay_once(store_dir: Path, manifest: Manifest) -> Outcome:
-    with Replayer(LocalStore(store_dir), manifest, ProcessSandbox()) as replayer:
+    with Replayer(
+        LocalStore(store_dir), manifest, ProcessSandbox(), context=ReplayContext.from_process()
+    ) as replayer:
         return replayer.run().outcome
 
 
@@ -160,8 +162,11 @@ def test_after():
     assert manifest.command.env["COLUMNS"] == "1000"
     assert "PYTEST_CURRENT_TEST" not in manifest.command.env
     assert manifest.seeds.python_hash_seed == "123"
-    assert manifest.annotations["preceding_tests"] == ["test_a.py::test_one", "test_a.py::test_two"]
-    assert manifest.annotations["pytest"]["nodeid"] == nodeid
+    assert manifest.pytest is not None
+    assert manifest.pytest.preceding == ("test_a.py::test_one", "test_a.py::test_two")
+    assert manifest.pytest.node_id == nodeid
+    assert manifest.pytest.rootdir == manifest.pytest.invocation_dir == str(pytester.path)
+    assert "preceding_tests" not in manifest.annotations and "pytest" not in manifest.annotations
     store = LocalStore(store_dir)
     stdout = store.get_bytes(manifest.logs["stdout"].sha256).decode()
     stderr = store.get_bytes(manifest.logs["stderr"].sha256).decode()
@@ -261,7 +266,9 @@ def test_every_failure_shape_replays_as_a_reproduction(
     # process, read per test the way the polluter search reads it.
     some = bundles["test_shapes.py::test_long_message"]
     target = OrderTarget(nodeid=some.failure.test_id or "", preceding=(), argv=some.command.argv, position=3)
-    with Replayer(LocalStore(store_dir), some, ProcessSandbox()) as replayer:
+    with Replayer(
+        LocalStore(store_dir), some, ProcessSandbox(), context=ReplayContext.from_process()
+    ) as replayer:
         others = [t for t in bundles if t != target.nodeid]
         process = replayer.run(Variant(argv=target.argv_with(others))).process
     for test_id, manifest in bundles.items():
@@ -282,6 +289,7 @@ def _triage(store_dir: Path, manifest: Manifest, quarantine: Quarantine | None =
         policy=FAST,
         sink=None,
         quarantine=quarantine,
+        context=ReplayContext.from_process(),
     )
 
 
@@ -309,7 +317,7 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
     pytester.makepyfile(**ORDER_SUITE)
     assert run(pytester, store_dir).ret == 1
     (manifest,) = captured(store_dir)
-    assert len(manifest.annotations["preceding_tests"]) == 9
+    assert manifest.pytest is not None and len(manifest.pytest.preceding) == 9
     result = _triage(store_dir, manifest)
     assert result.verdict.verdict is Verdict.ORDER_DEPENDENT
     assert result.polluters == ["test_a.py::test_pollutes"]
@@ -318,7 +326,8 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
     assert data["polluters"] == ["test_a.py::test_pollutes"]
     assert data["passes"] == 2 and data["failures"] == 0
     search = data["polluter_search"]
-    assert search["confirmations"] == "1 of 1" and search["oracle_calls"] <= 2 * 3.17 + 5
+    assert (search["confirmations"], search["confirm_runs"]) == (1, 1)
+    assert search["oracle_calls"] <= 2 * 3.17 + 5
 
 
 def test_flaky_test_is_quarantined_and_then_does_not_fail_the_build(
@@ -374,12 +383,27 @@ ENTRY = {
     "test_id": "test_two.py::test_known_flaky",
     "reason": "flaky: reproduced 3 of 20 replays",
     "issue_url": "https://github.com/acme/app/issues/7",
-    "bundles": [],
+    "evidence": {
+        "verdict": "flaky",
+        "decided": True,
+        "replays": 20,
+        "reproductions": 3,
+        "passes": 17,
+        "different": 0,
+        "rate": {"estimate": 0.15, "low": 0.03, "high": 0.38},
+    },
+    "command": "python -m pytest test_two.py::test_known_flaky",
+    "bundle_id": "e" * 64,
+    "bundles": ["e" * 64],
+    "occurrences": 1,
+    "quarantined_at": "2024-05-01T12:00:00Z",
+    "updated_at": "2024-05-01T12:00:00Z",
 }
 
 
 def _quarantine_doc(**entries: dict[str, Any]) -> dict[str, Any]:
-    return {"version": 1, "entries": entries}
+    """A quarantine document: each entry under its fingerprint."""
+    return {"version": 1, "entries": {fp: {**e, "fingerprint": fp} for fp, e in entries.items()}}
 
 
 def test_quarantine_file_marks_the_test_and_keeps_the_others_failing(

@@ -104,3 +104,46 @@ def test_list_without_a_store(cli, tmp_path: Path) -> None:  # type: ignore[no-u
 def test_error_text_with_brackets_is_printed_verbatim(cli) -> None:  # type: ignore[no-untyped-def]
     proc = cli("capture", "--fail-pattern", "[unclosed", "--", "true")
     _assert_clean_error(proc, "[unclosed")
+
+
+def _assert_one_line(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    _assert_clean_error(proc, *needles)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bad_settings_are_one_line_naming_the_variable(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cases = {
+        "FLAKETRIAGE_MAX_REPLAYS": (
+            "abc",
+            "FLAKETRIAGE_MAX_REPLAYS=abc is not valid: must be an integer >= 1",
+        ),
+        "FLAKETRIAGE_ALPHA": (
+            "2",
+            "FLAKETRIAGE_ALPHA=2 is not valid: must be less than 1 (a number in (0, 1))",
+        ),
+        "FLAKETRIAGE_SANDBOX": ("nope", "FLAKETRIAGE_SANDBOX=nope is not valid: must be one of auto, bwrap"),
+        "FLAKETRIAGE_STORE": ("", "FLAKETRIAGE_STORE='' is not valid: the store location is empty"),
+    }
+    for variable, (value, line) in cases.items():
+        proc = cli("capture", "--", sys.executable, "-c", "pass", env={variable: value})
+        _assert_one_line(proc, line)
+    _assert_one_line(cli("bundle", "list", env={"FLAKETRIAGE_ALPHA": "2"}), "FLAKETRIAGE_ALPHA=2")
+    assert not (tmp_path / ".flaketriage").exists()  # nothing ran
+
+
+def test_store_urls_the_cli_cannot_open(cli) -> None:  # type: ignore[no-untyped-def]
+    _assert_one_line(cli("bundle", "list", "--store", "ftp://host/x"), "ftp://", "memory://NAME")
+    _assert_one_line(
+        cli("capture", "--", sys.executable, "-c", "pass", env={"FLAKETRIAGE_STORE": "s3://bucket/ft"}),
+        "s3:// store is not available",
+    )
+
+
+def test_a_file_url_store_is_a_directory(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = (tmp_path / "url-store").as_uri()
+    (tmp_path / "bad.py").write_text("raise RuntimeError('boom')\n")
+    proc = cli("capture", "--store", url, "--json", "--", sys.executable, "bad.py")
+    assert proc.returncode == 1, proc.stderr
+    listed = cli("bundle", "list", "--json", env={"FLAKETRIAGE_STORE": url})
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1
+    assert (tmp_path / "url-store" / "refs" / "bundles").is_dir()

@@ -7,7 +7,15 @@ from collections.abc import Callable
 import pytest
 
 from flaketriage.errors import BundleError
-from flaketriage.manifest import BlobRef, DataInput, FileEntry, Manifest, Source
+from flaketriage.manifest import (
+    SCHEMA_VERSION,
+    BlobRef,
+    DataInput,
+    FileEntry,
+    Manifest,
+    PytestContext,
+    Source,
+)
 
 
 def test_bundle_id_is_sha256_of_canonical_json(make_manifest: Callable[..., Manifest]) -> None:
@@ -48,6 +56,32 @@ def test_newer_schema_is_refused_with_advice(make_manifest: Callable[..., Manife
     data = json.loads(make_manifest().canonical_json())
     data["schema_version"] = 99
     with pytest.raises(BundleError, match="upgrade flaketriage"):
+        Manifest.from_json(json.dumps(data).encode())
+
+
+def test_an_older_schema_is_refused_with_advice(make_manifest: Callable[..., Manifest]) -> None:
+    data = json.loads(make_manifest().canonical_json())
+    data["schema_version"] = SCHEMA_VERSION - 1
+    with pytest.raises(BundleError, match=r"schema_version 1, .*reads 2; .*older flaketriage; capture"):
+        Manifest.from_json(json.dumps(data).encode(), where="manifest of bundle abc")
+
+
+def test_the_pytest_context_is_typed_and_kept(make_manifest: Callable[..., Manifest]) -> None:
+    run = PytestContext(
+        node_id="tests/test_z.py::test_victim",
+        preceding=("tests/test_a.py::test_one", "tests/test_a.py::test_two"),
+        rootdir="/work/project",
+        invocation_dir="/work/project",
+        duration_s=0.25,
+        elapsed_s=3.5,
+    )
+    m = make_manifest(kind="test", pytest=run)
+    again = Manifest.from_json(m.canonical_json())
+    assert again.pytest == run and again.bundle_id == m.bundle_id
+    assert make_manifest().pytest is None
+    data = json.loads(m.canonical_json())
+    data["pytest"]["nodeid"] = data["pytest"].pop("node_id")
+    with pytest.raises(BundleError, match=r"pytest\.nodeid"):
         Manifest.from_json(json.dumps(data).encode())
 
 

@@ -104,17 +104,17 @@ def test_partial_write_leaves_no_object(tmp_path: Path) -> None:
     big.write_bytes(os.urandom(1 << 20) * 40)
     code = textwrap.dedent(
         f"""
+        import os
         import sys
         from pathlib import Path
         from flaketriage.store import LocalStore
-        import flaketriage.store.local as local
         import time
-        real = local.os.replace
-        def slow_replace(a, b):
+        real = os.replace
+        def slow_replace(a, b):  # the rename that would name the object (flaketriage.atomic)
             print("ready", flush=True)
             time.sleep(60)
             real(a, b)
-        local.os.replace = slow_replace
+        os.replace = slow_replace
         LocalStore({str(tmp_path / "s")!r}).put_file(Path({str(big)!r}))
         """
     )

@@ -215,7 +215,7 @@ def test_without_torch_the_error_names_the_extra() -> None:
     code = "import sys; sys.modules['torch'] = None; import flaketriage.guards"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 1
-    assert "flaketriage.errors.GuardError" in done.stderr
+    assert "flaketriage.errors.MissingDependencyError" in done.stderr
     assert "pip install 'flaketriage[guards]'" in done.stderr
 
 

@@ -13,7 +13,7 @@ from flaketriage.ci.source import SourceLimits
 from flaketriage.errors import MinimizeError
 from flaketriage.store import LocalStore
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, find_knobs
-from flaketriage.workers.replay import Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import ProcessSandbox
 
 LIMITS = SourceLimits(max_file_bytes=1 << 20, max_total_bytes=10 << 20)
@@ -71,7 +71,7 @@ def test_noisy_failure_is_minimized_without_losing_a_culprit(tmp_path: Path) -> 
     root.mkdir()
     store, bundle = _capture(root, NOISY, rows=120)
     manifest = load_manifest(store, bundle)
-    with Replayer(store, manifest, ProcessSandbox()) as replayer:
+    with Replayer(store, manifest, ProcessSandbox(), context=ReplayContext.from_process()) as replayer:
         # A candidate passes only after enough clean runs that a 70% failure would have shown:
         # 3 for the default 5% error, 6 for the 0.1% this test asks so that it cannot flake.
         assert BundleMinimizer(store, replayer, bundle, failure_rate=0.7).clean_runs == 3
@@ -91,7 +91,9 @@ def test_minimizing_a_failure_that_never_reproduced_is_refused(tmp_path: Path) -
     root.mkdir()
     store, bundle = _capture(root, "raise SystemExit(1)\n", rows=3)
     with (
-        Replayer(store, load_manifest(store, bundle), ProcessSandbox()) as replayer,
+        Replayer(
+            store, load_manifest(store, bundle), ProcessSandbox(), context=ReplayContext.from_process()
+        ) as replayer,
         pytest.raises(MinimizeError, match="never reproduced"),
     ):
         BundleMinimizer(store, replayer, bundle, failure_rate=0.0)
@@ -109,7 +111,9 @@ def _capture_data(root: Path, script: str, data: str) -> tuple[LocalStore, str]:
 
 
 def _minimize(store: LocalStore, bundle: str) -> tuple[dict[str, tuple[int, int]], str]:
-    with Replayer(store, load_manifest(store, bundle), ProcessSandbox()) as replayer:
+    with Replayer(
+        store, load_manifest(store, bundle), ProcessSandbox(), context=ReplayContext.from_process()
+    ) as replayer:
         result = BundleMinimizer(store, replayer, bundle, failure_rate=1.0).run()
     return result.data, result.bundle_id
 

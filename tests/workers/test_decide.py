@@ -13,7 +13,7 @@ from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
-from flaketriage.workers.replay import Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import MemorySandbox, SandboxSpec
 from flaketriage.workers.triage import decide
 from flaketriage.workers.verdict import Verdict, VerdictPolicy
@@ -50,7 +50,7 @@ def _script(outcomes: str) -> MemorySandbox:
 def _decide(tmp_path: Path, outcomes: str, **policy: object) -> tuple[object, list[object], MemorySandbox]:
     store, manifest = _bundle(tmp_path)
     sandbox = _script(outcomes)
-    with Replayer(store, manifest, sandbox) as replayer:
+    with Replayer(store, manifest, sandbox, context=ReplayContext.from_process()) as replayer:
         verdict, findings = decide(replayer, VerdictPolicy(**policy))  # type: ignore[arg-type]
     return verdict, findings, sandbox  # type: ignore[return-value]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flaketriage.errors import BundleError, FlaketriageError
+from flaketriage.git import Git
 from flaketriage.manifest import Command, Environment, Failure, Manifest, Seeds, Source
 from flaketriage.store import LocalStore
 from flaketriage.stored_files import store_dir
@@ -97,7 +98,7 @@ def run(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_exported_run_sh_reproduces_the_exit_code_without_flaketriage(
     tmp_path: Path, store: LocalStore, manifest: Manifest
 ) -> None:
-    dest = export_bundle(store, manifest, BUNDLE, tmp_path / "repro")
+    dest = export_bundle(store, manifest, BUNDLE, tmp_path / "repro", git=Git())
     assert dest == tmp_path / "repro"
     assert os.access(dest / "run.sh", os.X_OK)
     assert (dest / "workspace" / "README").read_text() == "the project\n"
@@ -116,7 +117,7 @@ def test_exported_run_sh_reproduces_the_exit_code_without_flaketriage(
 def test_export_writes_environment_logs_and_readme(
     tmp_path: Path, store: LocalStore, manifest: Manifest
 ) -> None:
-    dest = export_bundle(store, manifest, BUNDLE, tmp_path / "repro")
+    dest = export_bundle(store, manifest, BUNDLE, tmp_path / "repro", git=Git())
     assert sorted(p.name for p in dest.iterdir()) == [
         "Dockerfile", "README.md", "logs", "requirements.txt", "run.sh", "sitecustomize", "workspace",
     ]  # fmt: skip
@@ -155,20 +156,20 @@ def test_export_refuses_a_directory_that_is_not_empty(
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     with pytest.raises(BundleError, match="not an empty directory"):
-        export_bundle(store, manifest, BUNDLE, tmp_path / "busy")
+        export_bundle(store, manifest, BUNDLE, tmp_path / "busy", git=Git())
     (tmp_path / "file").write_text("")
     with pytest.raises(BundleError, match="already exists"):
-        export_bundle(store, manifest, BUNDLE, tmp_path / "file")
+        export_bundle(store, manifest, BUNDLE, tmp_path / "file", git=Git())
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
     (tmp_path / "empty").mkdir()
-    assert (export_bundle(store, manifest, BUNDLE, tmp_path / "empty") / "run.sh").is_file()
+    assert (export_bundle(store, manifest, BUNDLE, tmp_path / "empty", git=Git()) / "run.sh").is_file()
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, manifest: Manifest) -> None:
     out = tmp_path / "exports"
     out.mkdir()
     with pytest.raises(FlaketriageError):
-        export_bundle(LocalStore(tmp_path / "empty-store"), manifest, BUNDLE, out / "repro")
+        export_bundle(LocalStore(tmp_path / "empty-store"), manifest, BUNDLE, out / "repro", git=Git())
     assert list(out.iterdir()) == []
 
 
@@ -232,7 +233,7 @@ def test_export_of_a_git_bundle_keeps_the_checkout_and_the_uncommitted_change(
                              subdir="sub", diff=diff),
         }
     )  # fmt: skip
-    dest = export_bundle(store, bundle, BUNDLE, tmp_path / "repro")
+    dest = export_bundle(store, bundle, BUNDLE, tmp_path / "repro", git=Git())
     assert (dest / "workspace" / ".git").is_dir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -10,6 +10,7 @@ from flaketriage.bundle import load_manifest
 from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.errors import SandboxError
+from flaketriage.git import Git
 from flaketriage.store import LocalStore
 from flaketriage.workers.materialize import materialize
 
@@ -49,7 +50,7 @@ def test_git_checkout_plus_diff_plus_untracked(tmp_path: Path) -> None:
     assert src.kind == "git" and src.subdir == "pkg" and src.diff is not None
     assert [f.path for f in src.files] == ["pkg/new.py"]
     assert src.skipped == ("big.bin",)
-    ws = materialize(store, manifest, tmp_path / "ws")
+    ws = materialize(store, manifest, tmp_path / "ws", git=Git())
     assert ws.cwd == ws.root / "pkg"
     assert (ws.cwd / "code.py").read_text() == "VALUE = 2  # uncommitted\n"
     assert (ws.cwd / "new.py").read_text() == "NEW = True\n"
@@ -73,7 +74,7 @@ def test_snapshot_honours_gitignore_and_restores_data(tmp_path: Path) -> None:
     assert manifest.source.kind == "snapshot"
     assert sorted(f.path for f in manifest.source.files) == [".gitignore", "data/d.csv", "main.py", "tool.sh"]
     assert manifest.data[0].items == 2
-    ws = materialize(store, manifest, tmp_path / "ws")
+    ws = materialize(store, manifest, tmp_path / "ws", git=Git())
     assert (ws.cwd / "data" / "d.csv").read_text() == "a,b\n1,2\n3,4\n"
     assert not (ws.cwd / "run.log").exists()
     assert subprocess.run([str(ws.cwd / "tool.sh")], capture_output=True, text=True).stdout == "hi\n"
@@ -90,7 +91,7 @@ def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     manifest = load_manifest(store, _capture(repo, store))
     subprocess.run(["rm", "-rf", str(repo)], check=True)
     with pytest.raises(SandboxError, match="--snapshot"):
-        materialize(store, manifest, tmp_path / "ws")
+        materialize(store, manifest, tmp_path / "ws", git=Git())
 
 
 def test_refuses_a_non_empty_destination(tmp_path: Path) -> None:
@@ -102,4 +103,4 @@ def test_refuses_a_non_empty_destination(tmp_path: Path) -> None:
     dest.mkdir()
     (dest / "file").write_text("x")
     with pytest.raises(SandboxError, match="not empty"):
-        materialize(store, manifest, dest)
+        materialize(store, manifest, dest, git=Git())

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import fingerprint_failure
-from flaketriage.manifest import Command, Failure, Manifest
+from flaketriage.manifest import Command, Failure, Manifest, PytestContext
 from flaketriage.workers.polluters import OrderTarget, fails_in, find_polluters, search_polluters
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
 from flaketriage.workers.triage import SequentialReplays, decide_order
@@ -32,14 +32,20 @@ FINGERPRINT = _info_of(VICTIM_LINE).fingerprint
 
 
 def _manifest(
-    make_manifest: Callable[..., Manifest], preceding: Sequence[str], **pytest_meta: Any
+    make_manifest: Callable[..., Manifest], preceding: Sequence[str], elapsed_s: float = 0.0
 ) -> Manifest:
     info = _info_of(VICTIM_LINE)
     return make_manifest(
         kind="test",
         command=Command(argv=("python", "-m", "pytest", VICTIM, "-p", "no:randomly"), cwd="/work/p"),
         failure=Failure(kind="test", test_id=VICTIM, fingerprint=info.fingerprint, signature=info.signature),
-        annotations={"preceding_tests": list(preceding), "pytest": {"nodeid": VICTIM, **pytest_meta}},
+        pytest=PytestContext(
+            node_id=VICTIM,
+            preceding=tuple(preceding),
+            rootdir="/work/p",
+            invocation_dir="/work/p",
+            elapsed_s=elapsed_s,
+        ),
     )
 
 
@@ -128,7 +134,12 @@ def test_target_inserts_tests_before_the_victim(make_manifest: Callable[..., Man
 
 def test_no_target_without_preceding_tests_or_outside_pytest(make_manifest: Callable[..., Manifest]) -> None:
     assert OrderTarget.of(_manifest(make_manifest, [])) is None
-    assert OrderTarget.of(make_manifest(annotations={"preceding_tests": ["a::b"]})) is None
+    outside = PytestContext(node_id="a::c", preceding=("a::b",), rootdir="/p", invocation_dir="/p")
+    assert OrderTarget.of(make_manifest(pytest=outside)) is None  # not a test bundle
+    other_argv = _manifest(make_manifest, ["a::b"]).model_copy(
+        update={"command": Command(argv=("python", "-m", "pytest", "-k", "victim"), cwd="/work/p")}
+    )
+    assert OrderTarget.of(other_argv) is None  # the rerun command does not name the test
 
 
 # -- the search, with a simulated pytest -----------------------------------------------------------

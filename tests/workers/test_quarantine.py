@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,12 @@ import pytest
 
 import flaketriage
 from flaketriage.errors import ReportError
+from flaketriage.manifest import Manifest
+from flaketriage.quarantine import FailureRate, QuarantineEvidence
+from flaketriage.store import MemoryStore
 from flaketriage.workers.quarantine import Quarantine, evidence_of
-from flaketriage.workers.report import ReportRef
+from flaketriage.workers.report import IssueDraft, MemoryIssueSink, ReportRef
+from flaketriage.workers.triage import TriageResult, report
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
 
 FP = "ab" * 32
@@ -32,12 +37,16 @@ class Clock:
         return self.now
 
 
-def evidence(reproductions: int = 3, replays: int = 7) -> dict[str, object]:
-    return {
-        "replays": replays,
-        "reproductions": reproductions,
-        "rate": {"estimate": 0.43, "low": 0.1, "high": 0.82},
-    }
+def evidence(reproductions: int = 3, replays: int = 7) -> QuarantineEvidence:
+    return QuarantineEvidence(
+        verdict="flaky",
+        decided=True,
+        replays=replays,
+        reproductions=reproductions,
+        passes=replays - reproductions,
+        different=0,
+        rate=FailureRate(estimate=0.43, low=0.1, high=0.82),
+    )
 
 
 def add(q: Quarantine, bundle: str, fingerprint: str = FP, **overrides: object) -> ReportRef:
@@ -45,7 +54,7 @@ def add(q: Quarantine, bundle: str, fingerprint: str = FP, **overrides: object) 
         "test_id": TEST_ID,
         "command": "pytest tests/test_model.py",
         "bundle_id": bundle,
-        "verdict_evidence": evidence(),
+        "evidence": evidence(),
         "reason": "flaky: reproduced 3 of 7",
     }
     kwargs.update(overrides)
@@ -61,23 +70,25 @@ def test_add_creates_then_refreshes_an_entry(tmp_path: Path) -> None:
         test_id=TEST_ID,
         command="pytest tests/test_model.py",
         bundle_id="a" * 64,
-        verdict_evidence=evidence(),
+        evidence=evidence(),
         reason="flaky",
     )
     assert (first.kind, first.location, first.created) == ("quarantine", str(path), True)
-    second = add(q, "b" * 64, verdict_evidence=evidence(4, 9), reason="flaky again")
+    second = add(q, "b" * 64, evidence=evidence(4, 9), reason="flaky again", issue_url="issues/ab.md")
     add(q, "b" * 64)
     assert not second.created
     entry = q.get(FP)
     assert entry is not None
-    assert entry["bundles"] == ["a" * 64, "b" * 64]
-    assert entry["bundle_id"] == "b" * 64
-    assert entry["evidence"] == evidence()
-    assert entry["occurrences"] == 3
-    assert entry["quarantined_at"] == "2024-05-01T12:01:00+00:00"
-    assert entry["updated_at"] == "2024-05-01T12:03:00+00:00"
+    assert entry.bundles == ("a" * 64, "b" * 64)
+    assert entry.bundle_id == "b" * 64
+    assert entry.evidence == evidence()
+    assert entry.occurrences == 3
+    assert entry.issue_url == "issues/ab.md"  # kept by the refresh that knew no link
+    assert entry.quarantined_at == datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    assert entry.updated_at == datetime(2024, 5, 1, 12, 3, tzinfo=UTC)
     doc = json.loads(path.read_text())
     assert doc["version"] == 1 and list(doc["entries"]) == [FP]
+    assert doc["entries"][FP]["quarantined_at"] == "2024-05-01T12:01:00Z"
     assert sorted(p.name for p in path.parent.iterdir()) == [".quarantine.json.lock", "quarantine.json"]
 
 
@@ -96,9 +107,9 @@ def test_is_quarantined_by_fingerprint_or_test_id_until_lifted(tmp_path: Path) -
 def test_entries_are_copies(tmp_path: Path) -> None:
     q = Quarantine(tmp_path / "q.json")
     add(q, "a" * 64)
-    q.entries()[FP]["bundles"].append("tampered")
+    q.entries().pop(FP)
     entry = q.get(FP)
-    assert entry is not None and entry["bundles"] == ["a" * 64]
+    assert entry is not None and entry.bundles == ("a" * 64,)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +117,8 @@ def test_entries_are_copies(tmp_path: Path) -> None:
     [
         ("{not json", "not valid JSON"),
         ('["a list"]', "expected an object"),
-        ('{"version": 1, "entries": {"abab": "not an object"}}', "not an object with a bundles list"),
+        ('{"version": 1, "entries": {"abab": "not an object"}}', "entries.abab: Input should be"),
+        ('{"entries": {}}', "its version is None, expected 1"),
     ],
 )
 def test_a_damaged_file_is_reported_and_left_alone(tmp_path: Path, content: str, message: str) -> None:
@@ -127,10 +139,8 @@ def test_a_newer_file_version_is_refused(tmp_path: Path) -> None:
         Quarantine(path).entries()
 
 
-def test_evidence_must_be_plain_json(tmp_path: Path) -> None:
+def test_a_bad_fingerprint_is_refused(tmp_path: Path) -> None:
     q = Quarantine(tmp_path / "q.json")
-    with pytest.raises(ReportError, match="cannot be stored as JSON"):
-        add(q, "a" * 64, verdict_evidence={"rate": float("nan")})
     with pytest.raises(ReportError, match="not a failure fingerprint"):
         add(q, "a" * 64, fingerprint="nope")
     assert not (tmp_path / "q.json").exists()
@@ -147,10 +157,10 @@ def test_evidence_of_a_verdict_result(tmp_path: Path) -> None:
         rate=RateInterval(estimate=3 / 7, low=0.099, high=0.816),
     )
     q = Quarantine(tmp_path / "q.json")
-    add(q, "a" * 64, verdict_evidence=evidence_of(result))
+    add(q, "a" * 64, evidence=evidence_of(result))
     entry = q.get(FP)
     assert entry is not None
-    assert entry["evidence"] == {
+    assert json.loads((tmp_path / "q.json").read_text())["entries"][FP]["evidence"] == {
         "verdict": "flaky",
         "decided": True,
         "replays": 7,
@@ -163,13 +173,16 @@ def test_evidence_of_a_verdict_result(tmp_path: Path) -> None:
 
 _ADDS = """
 import sys
+from flaketriage.quarantine import FailureRate, QuarantineEvidence
 from flaketriage.workers.quarantine import Quarantine
 q = Quarantine(sys.argv[1])
+ev = QuarantineEvidence(verdict="flaky", decided=True, replays=2, reproductions=1, passes=1, different=0,
+                        rate=FailureRate(estimate=0.5, low=0.01, high=0.99))
 for i in range(int(sys.argv[3])):
     fp = format(int(sys.argv[2]) * 1000 + i, "016x")
-    q.add(fp, test_id=None, command="c", bundle_id="b", verdict_evidence={}, reason="r")
+    q.add(fp, test_id=None, command="c", bundle_id="b", evidence=ev, reason="r")
     bundle = f"{sys.argv[2]}-{i}"
-    q.add("ab" * 32, test_id=None, command="c", bundle_id=bundle, verdict_evidence={}, reason="r")
+    q.add("ab" * 32, test_id=None, command="c", bundle_id=bundle, evidence=ev, reason="r")
 """
 
 
@@ -183,4 +196,41 @@ def test_concurrent_processes_lose_no_entry(tmp_path: Path) -> None:
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
     entries = Quarantine(path).entries()
     assert len(entries) == 41
-    assert entries[FP]["occurrences"] == 40 and len(entries[FP]["bundles"]) == 40
+    assert entries[FP].occurrences == 40 and len(entries[FP].bundles) == 40
+
+
+def test_a_flaky_verdict_links_the_issue_opened_earlier(
+    tmp_path: Path, make_manifest: Callable[..., Manifest]
+) -> None:
+    manifest = make_manifest()
+    fp = manifest.failure.fingerprint
+    verdict = VerdictResult(
+        verdict=Verdict.FLAKY,
+        decided=True,
+        replays=20,
+        reproductions=3,
+        passes=17,
+        different=0,
+        rate=RateInterval(estimate=0.15, low=0.032, high=0.379),
+    )
+    result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict)
+    q = Quarantine(tmp_path / "q.json")
+    sink = MemoryIssueSink()
+    report(MemoryStore(), manifest, result, sink, q)
+    first = q.get(fp)
+    assert first is not None and first.issue_url is None  # no issue yet: no link
+    assert first.evidence == evidence_of(verdict)
+    draft = IssueDraft(
+        fingerprint=fp,
+        title="ZeroDivisionError",
+        body="...",
+        labels=(),
+        bundle_id=manifest.bundle_id,
+        minimal_bundle_id=None,
+        verdict="deterministic",
+    )
+    sink.upsert(draft)
+    report(MemoryStore(), manifest, result, sink, q)
+    linked = q.get(fp)
+    assert linked is not None and linked.issue_url == MemoryIssueSink.location_for(fp)
+    assert linked.occurrences == 2

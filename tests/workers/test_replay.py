@@ -10,9 +10,10 @@ import pytest
 from flaketriage.bundle import load_manifest
 from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
+from flaketriage.git import Git
 from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
-from flaketriage.workers.replay import Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox
 from flaketriage.workers.verdict import Outcome
 
@@ -56,7 +57,7 @@ def test_replay_gets_recorded_seeds_and_deterministic_settings(tmp_path: Path, s
         "sys.exit(9)\n"
     )
     store, manifest = _capture(root, [sys.executable, "job.py"])
-    with Replayer(store, manifest, sandbox) as replayer:
+    with Replayer(store, manifest, sandbox, context=ReplayContext.from_process()) as replayer:
         result = replayer.run()
     assert result.failure is not None
     assert result.outcome is Outcome.REPRODUCED, (manifest.failure.signature, result.failure.signature)
@@ -75,7 +76,7 @@ def test_each_replay_starts_from_a_clean_copy(tmp_path: Path, sandbox: Sandbox) 
     )
     store, manifest = _capture(root, [sys.executable, "job.py"])
     (root / "state.txt").unlink()
-    with Replayer(store, manifest, sandbox) as replayer:
+    with Replayer(store, manifest, sandbox, context=ReplayContext.from_process()) as replayer:
         outcomes = [replayer.run().outcome for _ in range(3)]
     assert outcomes == [Outcome.REPRODUCED] * 3
 
@@ -93,7 +94,7 @@ def test_paths_into_the_original_workspace_are_moved(tmp_path: Path, sandbox: Sa
     env = {"PATH": "/usr/bin:/bin", "DATA_DIR": str(root)}
     store, manifest = _capture(root, [sys.executable, str(root / "job.py")], env=env)
     (root / "only-original.txt").write_text("not part of the bundle")
-    with Replayer(store, manifest, sandbox) as replayer:
+    with Replayer(store, manifest, sandbox, context=ReplayContext.from_process()) as replayer:
         result = replayer.run()
     lines = result.process.stdout.splitlines()
     assert lines[0] == "True True", result.process.stderr
@@ -109,10 +110,11 @@ def test_masked_secrets_are_refilled_from_this_machine(tmp_path: Path) -> None:
         root, [sys.executable, "job.py"], env={"PATH": "/usr/bin", "API_TOKEN": "tok-123456"}
     )
     assert manifest.command.env["API_TOKEN"] != "tok-123456"
-    base = {"API_TOKEN": "runner-token-abc"}
-    with Replayer(store, manifest, ProcessSandbox(), base_env=base) as replayer:
+    base = ReplayContext(base_env={"API_TOKEN": "runner-token-abc"}, temp_root=tmp_path / "tmp", git=Git())
+    with Replayer(store, manifest, ProcessSandbox(), context=base) as replayer:
         assert replayer.run().process.stdout.strip() == "runner-token-abc"
-    with Replayer(store, manifest, ProcessSandbox(), base_env={}) as replayer:
+    empty = ReplayContext(base_env={}, temp_root=tmp_path / "tmp", git=Git())
+    with Replayer(store, manifest, ProcessSandbox(), context=empty) as replayer:
         assert replayer.run().process.stdout.strip() == "None"
 
 
@@ -128,7 +130,7 @@ def test_interpreters_in_hidden_places_stay_usable(tmp_path: Path, where: str) -
     (root / "job.py").write_text("import sys; print(sys.prefix); raise SystemExit(3)\n")
     (root / ".gitignore").write_text(".venv/\n")
     store, manifest = _capture(root, [python, "job.py"], env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin"})
-    with Replayer(store, manifest, BubblewrapSandbox()) as replayer:
+    with Replayer(store, manifest, BubblewrapSandbox(), context=ReplayContext.from_process()) as replayer:
         result = replayer.run()
     assert result.outcome is Outcome.REPRODUCED, result.process.stderr
     assert result.process.stdout.strip() == str(env_dir)
@@ -142,8 +144,26 @@ def test_absolute_paths_into_the_original_workspace_see_the_copy(tmp_path: Path)
     (root / "job.py").write_text(f"print(open({str(root / 'config.txt')!r}).read()); raise SystemExit(6)\n")
     store, manifest = _capture(root, [sys.executable, "job.py"])
     (root / "config.txt").write_text("changed after the capture")
-    with Replayer(store, manifest, BubblewrapSandbox()) as replayer:
+    with Replayer(store, manifest, BubblewrapSandbox(), context=ReplayContext.from_process()) as replayer:
         result = replayer.run()
     assert result.outcome is Outcome.REPRODUCED, result.process.stderr
     assert result.process.stdout.strip() == "captured"
     assert (root / "config.txt").read_text() == "changed after the capture"
+
+
+def test_the_replay_timeout_setting_applies_when_the_capture_recorded_none(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "job.py").write_text("import sys; sys.exit(3)\n")
+    store, manifest = _capture(root, [sys.executable, "job.py"])
+    assert manifest.command.timeout_s is not None  # a capture records its own limit
+    unlimited = manifest.model_copy(
+        update={"command": manifest.command.model_copy(update={"timeout_s": None})}
+    )
+    context = ReplayContext.from_process()
+    with Replayer(store, unlimited, ProcessSandbox(), context=context, default_timeout_s=7.0) as replayer:
+        assert replayer.timeout_s == 7.0
+    with Replayer(store, manifest, ProcessSandbox(), context=context, default_timeout_s=7.0) as replayer:
+        assert replayer.timeout_s == manifest.command.timeout_s
+    with Replayer(store, unlimited, ProcessSandbox(), context=context, timeout_s=2.0) as replayer:
+        assert replayer.timeout_s == 2.0

@@ -26,6 +26,7 @@ from flaketriage.manifest import (
     Provenance,
     Source,
 )
+from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import LocalStore, Store
 from flaketriage.workers.report import (
     IssueDraft,
@@ -138,6 +139,7 @@ def test_render_has_every_section_with_its_evidence(store: LocalStore) -> None:
         minimal_bundle_id="2" * 64,
         store_location="s3://bundles/flaky",
         findings=["replay 3 failed with RuntimeError: CUDA error (fingerprint cdcd...)"],
+        tail_lines=30,
     )
     body = draft.body
     assert draft.title == "[flaketriage] ZeroDivisionError: division by zero in train.py"
@@ -401,3 +403,13 @@ def test_memory_sink_keeps_records_by_fingerprint() -> None:
     ref = sink.upsert(draft("a" * 64))
     assert (ref.kind, ref.location, ref.created) == ("memory", f"memory:{FP[:16]}", True)
     assert list(sink.issues) == [FP]
+
+
+def test_the_stderr_tail_has_the_configured_length(store: LocalStore) -> None:
+    manifest = issue_manifest(store)
+    short = render_issue(store, manifest, "1" * 64, deterministic(), tail_lines=5).body
+    assert "Last 5 lines of stderr" in short
+    assert "stderr line 95" in short and "stderr line 94\n" not in short
+    default = render_issue(store, manifest, "1" * 64, deterministic()).body
+    assert f"Last {DEFAULT_OUTPUT_TAIL_LINES} lines of stderr" in default
+    assert "stderr line 0\n" in default  # all 100 lines fit in the default tail

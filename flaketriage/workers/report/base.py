@@ -11,17 +11,22 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, cast, get_args
 
 from flaketriage.errors import ReportError
+from flaketriage.file_lock import locked
+from flaketriage.quarantine import FINGERPRINT_PATTERN
 
 ReportKind = Literal["markdown", "memory", "quarantine", "github"]
 
 _META_TAG = "flaketriage-issue"
 _META_RE = re.compile(r"<!--\s*" + _META_TAG + r"\s+(\{.*?\})\s*-->", re.DOTALL)
-_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,128}$")
+_FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
 META_VERSION = 1
 
 
@@ -47,6 +52,20 @@ class ReportRef:
     location: str
     """A file path or URL."""
     created: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object that `from_json` turns back into an equal reference."""
+        return {"kind": self.kind, "location": self.location, "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReportRef:
+        """The reference `to_json` wrote."""
+        kind = data["kind"]
+        if kind not in get_args(ReportKind):
+            raise ValueError(
+                f"not a report kind: {kind!r} (expected one of {', '.join(get_args(ReportKind))})"
+            )
+        return cls(kind=cast(ReportKind, kind), location=data["location"], created=data["created"])
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,20 @@ def check_fingerprint(fingerprint: str) -> str:
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+@contextmanager
+def report_lock(lock_path: Path) -> Iterator[None]:
+    """`flaketriage.file_lock.locked`, a lock file that cannot be created raising `ReportError`."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(locked(lock_path))
+        except OSError as exc:
+            raise ReportError(
+                f"cannot create the lock file {lock_path} ({exc.strerror or exc}); make its directory "
+                "writable or point flaketriage at another one"
+            ) from exc
+        yield
 
 
 class IssueSink(ABC):

@@ -1,16 +1,13 @@
 """`MarkdownIssueSink`: issues as Markdown files, one per fingerprint, in a directory.
 
-Updates are read-modify-write under an ``fcntl`` lock on a lock file in the directory, and every
-write goes to a temp file renamed into place, so concurrent reporters never lose an occurrence and
-a crash never leaves a half-written issue. The quarantine list shares the two file primitives.
+Updates are read-modify-write under a lock on a lock file in the directory (`flaketriage.file_lock`),
+and every write goes to a temp file renamed into place (`flaketriage.atomic`), so concurrent
+reporters never lose an occurrence and a crash never leaves a half-written issue.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -22,31 +19,14 @@ from flaketriage.workers.report.base import (
     IssueSink,
     ReportRef,
     check_fingerprint,
+    report_lock,
     utc_now,
 )
 
 LOCK_NAME = ".flaketriage-issues.lock"
 
 
-@contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on `lock_path` (created if missing) for the block."""
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ReportError(
-            f"cannot create the lock file {lock_path} ({exc.strerror or exc}); make its directory "
-            "writable or point flaketriage at another one"
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def write_atomic(path: Path, text: str) -> None:
+def _write_text(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it, and rename it over `path`."""
     try:
         atomic.write_atomic(path, text.encode("utf-8"))
@@ -77,11 +57,11 @@ class MarkdownIssueSink(IssueSink):
                 f"cannot create the issues directory {self.directory} ({exc.strerror or exc}); set "
                 "FLAKETRIAGE_ISSUES_DIR to a writable directory"
             ) from exc
-        with locked(self.directory / LOCK_NAME):
+        with report_lock(self.directory / LOCK_NAME):
             existing = self._read(path, draft.fingerprint)
             now = self._clock()
             record = IssueRecord.new(draft, now) if existing is None else existing.recur(draft, now)
-            write_atomic(path, f"# {record.title}\n\n{record.body_text()}")
+            _write_text(path, f"# {record.title}\n\n{record.body_text()}")
         return ReportRef(kind="markdown", location=str(path), created=existing is None)
 
     def find(self, fingerprint: str) -> ReportRef | None:

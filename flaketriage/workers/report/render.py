@@ -16,13 +16,13 @@ from pathlib import PurePosixPath
 from flaketriage.bundle import describe_failure
 from flaketriage.errors import FlaketriageError
 from flaketriage.manifest import Manifest
+from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.verdict import VerdictResult
 
 TITLE_PREFIX = "[flaketriage] "
 MAX_TITLE = 120
-STDERR_TAIL_LINES = 30
 MAX_TRACEBACK_LINES = 80
 ENVIRONMENT_LABEL = "suspected-environment"
 
@@ -57,13 +57,15 @@ def render_issue(
     findings: Sequence[str] = (),
     environment_specific: bool = False,
     polluters: Sequence[str] = (),
+    tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
 ) -> IssueDraft:
     """The issue for `manifest`'s failure after triage; logs are read from `store`.
 
     `store_location` is where people fetch the bundle from (default: ``store.location``);
     `findings` are extra observations (e.g. different failures seen during replay);
     `environment_specific` marks a failure that reproduces only on the original runner or hardware;
-    `polluters` are the earlier tests an order-dependent test fails after.
+    `polluters` are the earlier tests an order-dependent test fails after; `tail_lines`
+    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how many of the last lines of stderr the issue shows.
     """
     kind = str(verdict.verdict)
     labels = ["flaketriage", kind]
@@ -72,7 +74,7 @@ def render_issue(
     sections = [
         _summary(manifest, bundle_id, verdict, environment_specific),
         _order(manifest, polluters),
-        _failure(store, manifest),
+        _failure(store, manifest, tail_lines),
         _findings(findings),
         _environment(manifest),
         _source(manifest),
@@ -189,7 +191,7 @@ def _order(manifest: Manifest, polluters: Sequence[str]) -> str:
     )
 
 
-def _failure(store: Store, manifest: Manifest) -> str:
+def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
     f = manifest.failure
     rows = [("Kind", f.kind), ("Test", f.test_id), ("Exception", f.exception_type), ("Message", f.message)]
     rows += [("Exit code", None if f.exit_code is None else str(f.exit_code)), ("Signal", f.signal)]
@@ -205,11 +207,11 @@ def _failure(store: Store, manifest: Manifest) -> str:
                 *lines[-MAX_TRACEBACK_LINES:],
             ]
         parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]
-    tail = _stderr_tail(store, manifest)
+    tail = _stderr_tail(store, manifest, tail_lines)
     if tail:
         parts += [
             "",
-            f"<details><summary>Last {STDERR_TAIL_LINES} lines of stderr</summary>",
+            f"<details><summary>Last {tail_lines} lines of stderr</summary>",
             "",
             tail,
             "",
@@ -218,7 +220,7 @@ def _failure(store: Store, manifest: Manifest) -> str:
     return "\n".join(parts)
 
 
-def _stderr_tail(store: Store, manifest: Manifest) -> str | None:
+def _stderr_tail(store: Store, manifest: Manifest, tail_lines: int) -> str | None:
     ref = manifest.logs.get("stderr")
     if ref is None:
         return None
@@ -227,7 +229,7 @@ def _stderr_tail(store: Store, manifest: Manifest) -> str | None:
     except FlaketriageError as exc:
         # The issue is still worth filing without the log; say why it is missing.
         return f"_The stderr log could not be read: {exc}_"
-    lines = text.rstrip().splitlines()[-STDERR_TAIL_LINES:]
+    lines = text.rstrip().splitlines()[-tail_lines:]
     return _fence("\n".join(lines), "text") if lines else None
 
 

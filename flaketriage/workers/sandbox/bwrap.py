@@ -28,7 +28,8 @@ def _needed(spec: SandboxSpec) -> list[Path]:
     executable (a virtualenv's root when it sits in ``bin/``) and ``PYTHONPATH`` entries.
     """
     candidates = [Path(p) for p in spec.expose]
-    exe = shutil.which(spec.argv[0], path=spec.env.get("PATH")) if spec.argv else None
+    # The run's PATH, never this process's: os.defpath is what the child itself falls back to.
+    exe = shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath)) if spec.argv else None
     if exe is not None:
         parent = Path(exe).parent
         candidates.append(parent.parent if parent.name == "bin" else parent)

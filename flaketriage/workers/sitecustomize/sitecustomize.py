@@ -57,6 +57,8 @@ def _chain_next_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
+# flaketriage.replay_env.DETERMINISTIC_ENV: this runs inside the replayed program, where flaketriage
+# may not be importable, so the name is written out.
 if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1":
     if "torch" in sys.modules:
         _make_torch_deterministic(sys.modules["torch"])

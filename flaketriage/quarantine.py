@@ -1,0 +1,139 @@
+"""The quarantine document: flaky failures marked as such, with their evidence, in one versioned JSON.
+
+``{"version": 1, "entries": {fingerprint: entry}}``, the same bytes wherever it lives: the file the
+workers write (`flaketriage.workers.quarantine`), the service's ``GET /v1/quarantine`` and the CI
+side's cache (`flaketriage.ci.quarantine_list`). Unknown fields are refused and another version is
+an error that names it, so a document from a newer flaketriage fails loudly instead of half-read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flaketriage.errors import QuarantineError
+
+VERSION = 1
+
+FINGERPRINT_PATTERN = r"^[0-9a-f]{16,128}$"
+"""A failure fingerprint as reports name it: lowercase hex, 16 characters or more."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class FailureRate(_Model):
+    """The estimated reproduction rate and its confidence interval, each in [0, 1]."""
+
+    estimate: float = Field(ge=0, le=1)
+    low: float = Field(ge=0, le=1)
+    high: float = Field(ge=0, le=1)
+
+
+class QuarantineEvidence(_Model):
+    """What the verdict that quarantined the failure saw.
+
+    Lists written before this model kept only replays, reproductions and the rate; the rest is None
+    there.
+    """
+
+    verdict: str = "flaky"
+    decided: bool | None = None
+    """The sequential test reached its verdict (False: it stopped at the replay limit)."""
+    replays: int = Field(ge=0)
+    reproductions: int = Field(ge=0)
+    passes: int | None = Field(default=None, ge=0)
+    different: int | None = Field(default=None, ge=0)
+    """Replays that failed differently: reported as findings, never counted as reproductions."""
+    rate: FailureRate
+
+
+class QuarantineEntry(_Model):
+    """One quarantined failure, refreshed on every recurrence."""
+
+    fingerprint: str = Field(pattern=FINGERPRINT_PATTERN)
+    test_id: str | None = None
+    """The test's node id when the failure is a test: CI matches by it or by the fingerprint."""
+    reason: str
+    evidence: QuarantineEvidence
+    """Of the latest triage."""
+    command: str
+    """The command that reruns the failure, shell-quoted."""
+    bundle_id: str
+    """The latest bundle."""
+    bundles: tuple[str, ...] = ()
+    """Every bundle of the failure, oldest first."""
+    occurrences: int = Field(ge=1)
+    issue_url: str | None = None
+    """Where people read about it: the issue's URL or the Markdown issue file, when one exists."""
+    quarantined_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class QuarantineDocument(_Model):
+    """The whole list, keyed by fingerprint."""
+
+    version: Literal[1] = 1
+    entries: dict[str, QuarantineEntry] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keyed_by_fingerprint(self) -> QuarantineDocument:
+        for key, entry in self.entries.items():
+            if key != entry.fingerprint:
+                raise ValueError(f"the entry under {key!r} has fingerprint {entry.fingerprint!r}")
+        return self
+
+    def find(self, test_ids: Collection[str], fingerprint: str | None = None) -> QuarantineEntry | None:
+        """The entry for this failure's fingerprint, else the first one for any of these test ids."""
+        if fingerprint is not None and fingerprint in self.entries:
+            return self.entries[fingerprint]
+        return next((e for e in self.entries.values() if e.test_id in test_ids), None)
+
+    def with_entry(self, entry: QuarantineEntry) -> QuarantineDocument:
+        """This document with `entry` added or replacing the one of its fingerprint."""
+        return QuarantineDocument(entries={**self.entries, entry.fingerprint: entry})
+
+    def without(self, fingerprint: str) -> QuarantineDocument:
+        return QuarantineDocument(entries={k: e for k, e in self.entries.items() if k != fingerprint})
+
+    def to_json(self) -> bytes:
+        """The document as written: sorted keys, two-space indent, UTF-8, a final newline."""
+        text = json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True, ensure_ascii=False)
+        return (text + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str = "the quarantine document") -> QuarantineDocument:
+        """Parse a document; `QuarantineError` says what is wrong with it, naming it by `where`."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise QuarantineError(f"{where} is damaged: it is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise QuarantineError(
+                f'{where} is damaged: expected an object {{"version": {VERSION}, "entries": {{...}}}}'
+            )
+        version = data.get("version")
+        if isinstance(version, int) and version > VERSION:
+            raise QuarantineError(
+                f"{where} has version {version}, this flaketriage reads version {VERSION}; "
+                "upgrade flaketriage to read it",
+                damaged=False,
+            )
+        if version != VERSION:
+            raise QuarantineError(f"{where} is damaged: its version is {version!r}, expected {VERSION}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise QuarantineError(f"{where} is damaged: {_summary(exc)}") from exc
+
+
+def _summary(exc: ValidationError, most: int = 3) -> str:
+    """The first few problems, one phrase each: ``entries.ab12.reason: Field required``."""
+    errors = exc.errors()
+    parts = [(".".join(str(p) for p in e["loc"]) or "document") + f": {e['msg']}" for e in errors[:most]]
+    more = f" (and {len(errors) - most} more)" if len(errors) > most else ""
+    return "; ".join(parts) + more
