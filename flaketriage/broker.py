@@ -1,0 +1,75 @@
+"""The Celery configuration both sides share: broker, serialization, delivery guarantees, queues.
+
+The orchestrator sends tasks by name and the workers run them; both build their Celery app from
+`celery_config`, so they agree on the broker, the JSON serializer and the queues without importing
+each other. With no broker configured the broker is a SQLite file beside the store, read through
+kombu's SQLAlchemy transport (`LocalTransport` polls it ten times a second): durable across
+restarts, for one machine. Redis (``redis://``) is the broker for more than one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from flaketriage.work import Queue
+
+DEFAULT_VISIBILITY_TIMEOUT_S = 6 * 3600
+"""Longer than any task (a replay, a minimization): Redis hands an unacknowledged task to another
+worker only after this, so a healthy long task is never run twice."""
+
+
+def celery_config(
+    broker_url: str, *, visibility_timeout_s: float = DEFAULT_VISIBILITY_TIMEOUT_S
+) -> dict[str, Any]:
+    """Settings for ``Celery.conf``: the same on the sending and the working side."""
+    config: dict[str, Any] = {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_backend": None,
+        "task_ignore_result": True,
+        # At-least-once: a task is acknowledged when it finished, and a worker that died under it
+        # gives it back; tasks are idempotent, so a second delivery does no work twice.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": Queue.CPU.value,
+        "task_create_missing_queues": True,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "enable_utc": True,
+    }
+    if broker_url.startswith(("redis://", "rediss://")):
+        config["broker_transport_options"] = {
+            "visibility_timeout": visibility_timeout_s,
+            "unacked_restore_interval": 2,
+            "unacked_restore_throttle": 1,
+            "socket_connect_timeout": 5,
+            "socket_timeout": 10,
+        }
+    elif broker_url.startswith("sqla+"):
+        config["broker_url"] = broker_url[len("sqla+") :]
+        config["broker_transport"] = "flaketriage.broker:LocalTransport"
+    return config
+
+
+@functools.cache
+def local_transport() -> type:
+    """kombu's SQLAlchemy transport polling ten times a second instead of once."""
+    from kombu.transport.sqlalchemy import Transport
+
+    class _LocalTransport(Transport):
+        polling_interval = 0.1
+
+    return _LocalTransport
+
+
+def __getattr__(name: str) -> Any:
+    # kombu resolves "flaketriage.broker:LocalTransport" by attribute: built on first use so that
+    # importing this module never imports kombu.
+    if name == "LocalTransport":
+        return local_transport()
+    raise AttributeError(name)

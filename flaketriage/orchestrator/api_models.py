@@ -1,0 +1,88 @@
+"""The HTTP API's response bodies (pydantic), so the OpenAPI document says what each route returns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Problem(BaseModel):
+    """Every error: what was wrong and what to do."""
+
+    detail: str
+
+
+class Accepted(BaseModel):
+    """A delivery's fate: ``accepted`` (work started), ``recorded``, ``duplicate`` or ``ignored``."""
+
+    outcome: str
+    cases: list[int] = Field(default_factory=list)
+    work: list[int] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class CaseSummary(BaseModel):
+    id: int
+    fingerprint: str
+    kind: str
+    title: str
+    status: str
+    verdict: str | None
+    test_id: str | None
+    job: str | None
+    repository: str | None
+    occurrences: int
+    first_seen: datetime
+    last_seen: datetime
+    bundles: list[str]
+    report_kind: str | None
+    report_url: str | None
+    storm_of: int | None
+    error: str | None
+
+
+class ReplayView(BaseModel):
+    index: int
+    outcome: str | None
+    fingerprint: str | None
+    summary: str | None
+    duration_s: float | None
+    runner: str | None
+
+
+class WorkView(BaseModel):
+    id: int
+    step: str
+    status: str
+    bundle_id: str | None
+    queue: str
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: dict[str, Any] | None
+    error: str | None
+    replays: list[ReplayView]
+
+
+class OccurrenceView(BaseModel):
+    source: str
+    delivery_id: str
+    bundle_id: str | None
+    test_id: str | None
+    provenance: dict[str, Any]
+    received_at: datetime
+
+
+class CaseDetail(CaseSummary):
+    evidence: dict[str, Any] | None
+    occurrence_list: list[OccurrenceView]
+    triage_runs: list[WorkView]
+
+
+class Health(BaseModel):
+    status: str
+    database: str | None = None
+    broker: str | None = None

@@ -1,0 +1,316 @@
+"""The receiver: FastAPI routes for events, GitHub and Sentry webhooks, cases, quarantine, health.
+
+Every write route checks, in order: the body's size (413), the signature over the exact bytes (401;
+a source whose secret is unset refuses everything), the JSON and its schema (400, 422 naming the
+field), the store an event names (422), then records the delivery and its work and answers 202 once
+that is committed and handed to the broker (503 when the database or the broker is down, so the
+sender retries; a repeated delivery is answered 200 and does nothing). Bad input never gets a 500.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from flaketriage import __version__
+from flaketriage.errors import BrokerError, RecordsError, SignatureError
+from flaketriage.events import FailureEvent
+from flaketriage.orchestrator import github_hooks, sentry_hooks
+from flaketriage.orchestrator.api_models import Accepted, CaseDetail, CaseSummary, Health, Problem
+from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
+from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
+from flaketriage.orchestrator.payloads import Parsed, PayloadError
+from flaketriage.orchestrator.service import Service
+from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
+from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": text}
+    for code, text in (
+        (400, "malformed request"),
+        (401, "missing, wrong or stale signature (or token)"),
+        (413, "body too large"),
+        (422, "a field is missing or invalid"),
+        (503, "database or broker unavailable: retry"),
+    )
+}
+
+
+class HTTPProblem(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        self.detail = detail
+
+
+def _problem(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def create_app(service: Service) -> FastAPI:
+    """The ASGI app of `service` (nothing is connected until a request comes)."""
+    app = FastAPI(
+        title="flaketriage",
+        version=__version__,
+        description="Receives failure events and webhooks, and serves cases and the quarantine list.",
+    )
+    settings = service.settings
+    limit = settings.max_body_kb * 1024
+
+    @app.exception_handler(HTTPProblem)
+    async def _http_problem(_: Request, exc: HTTPProblem) -> JSONResponse:
+        return _problem(exc.status, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _problem(422, _validation_text(exc.errors()))
+
+    @app.exception_handler(RecordsError)
+    async def _records_down(_: Request, exc: RecordsError) -> JSONResponse:
+        return _problem(503, f"not recorded, retry later: {exc}")
+
+    @app.exception_handler(BrokerError)
+    async def _broker_down(_: Request, exc: BrokerError) -> JSONResponse:
+        return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
+
+    async def body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise HTTPProblem(
+                413, f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPProblem(
+                    413, f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def authorized(authorization: str | None = Header(default=None)) -> None:
+        token = settings.api_token.get_secret_value() if settings.api_token else ""
+        if not token:
+            return
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if (
+            not authorization
+            or not authorization.startswith("Bearer ")
+            or not hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
+        ):
+            raise HTTPProblem(401, "send Authorization: Bearer <FLAKETRIAGE_API_TOKEN>")
+
+    def answer(source: str, result: IntakeResult, notes: list[str]) -> JSONResponse:
+        service.metrics.events.labels(source, result.outcome.value).inc()
+        status = 202 if result.outcome is IntakeOutcome.ACCEPTED else 200
+        payload = Accepted(
+            outcome=result.outcome.value, cases=list(result.cases), work=list(result.work), notes=notes
+        )
+        return JSONResponse(payload.model_dump(), status_code=status)
+
+    def refuse(source: str, status: int, detail: str, outcome: str) -> NoReturn:
+        service.metrics.events.labels(source, outcome).inc()
+        raise HTTPProblem(status, detail)
+
+    event_body_schema = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": FailureEvent.model_json_schema()}},
+        }
+    }
+
+    @app.post(
+        "/v1/events",
+        status_code=202,
+        response_model=Accepted,
+        responses={200: {"model": Accepted, "description": "a duplicate delivery"}, **_ERRORS},
+        openapi_extra=event_body_schema,
+    )
+    def post_event(
+        raw: bytes = Depends(body),
+        timestamp: str | None = Header(default=None, alias=TIMESTAMP_HEADER),
+        signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
+    ) -> JSONResponse:
+        """A ``failure.captured`` event, signed as `flaketriage notify` signs it."""
+        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
+        if not secret:
+            refuse("events", 401, "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "unsigned")
+        try:
+            verify(secret.encode("utf-8"), timestamp, raw, signature, now=time.time())
+        except SignatureError as exc:
+            refuse("events", 401, str(exc), "bad_signature")
+        data = _json(raw, "events", refuse)
+        try:
+            event = FailureEvent.model_validate(data)
+        except ValidationError as exc:
+            refuse("events", 422, _validation_text(exc.errors()), "invalid")
+        try:
+            sighting = from_event(event, service.policy)
+        except StoreNotAllowed as exc:
+            refuse("events", 422, str(exc), "store_refused")
+        result = service.intake.record("events", event.event_id, event.kind, [sighting])
+        return answer("events", result, [])
+
+    @app.post(
+        "/webhooks/github",
+        status_code=202,
+        response_model=Accepted,
+        responses={200: {"model": Accepted, "description": "ignored or duplicate"}, **_ERRORS},
+    )
+    def post_github(
+        raw: bytes = Depends(body),
+        event: str | None = Header(default=None, alias="X-GitHub-Event"),
+        delivery: str | None = Header(default=None, alias="X-GitHub-Delivery"),
+        signature: str | None = Header(default=None, alias="X-Hub-Signature-256"),
+    ) -> JSONResponse:
+        """A GitHub webhook delivery (``workflow_run``, ``check_run``, ``issues``, ``issue_comment``)."""
+        from flaketriage.orchestrator.signatures import verify_github
+
+        try:
+            verify_github(settings.github_webhook_secret, raw, signature)
+        except SignatureError as exc:
+            refuse("github", 401, str(exc), "bad_signature")
+        if not event or not delivery:
+            refuse(
+                "github", 400, "a GitHub delivery has X-GitHub-Event and X-GitHub-Delivery headers", "invalid"
+            )
+        data = _json(raw, "github", refuse)
+        parsed = _parse(lambda: github_hooks.parse(str(event), data, service.policy), "github", refuse)
+        return _record(service, "github", str(delivery)[:128], str(event), parsed, answer)
+
+    @app.post(
+        "/webhooks/sentry",
+        status_code=202,
+        response_model=Accepted,
+        responses={200: {"model": Accepted, "description": "ignored or duplicate"}, **_ERRORS},
+    )
+    def post_sentry(
+        raw: bytes = Depends(body),
+        resource: str | None = Header(default=None, alias="Sentry-Hook-Resource"),
+        signature: str | None = Header(default=None, alias="Sentry-Hook-Signature"),
+        request_id: str | None = Header(default=None, alias="Request-ID"),
+    ) -> JSONResponse:
+        """A Sentry integration webhook (``event_alert``, ``issue``; the rest is ignored)."""
+        from flaketriage.orchestrator.signatures import verify_sentry
+
+        try:
+            verify_sentry(settings.sentry_client_secret, raw, signature)
+        except SignatureError as exc:
+            refuse("sentry", 401, str(exc), "bad_signature")
+        if not resource:
+            refuse("sentry", 400, "a Sentry delivery has a Sentry-Hook-Resource header", "invalid")
+        data = _json(raw, "sentry", refuse)
+        parsed = _parse(lambda: sentry_hooks.parse(str(resource), data, service.policy), "sentry", refuse)
+        delivery = (request_id or hashlib.sha256(raw).hexdigest())[:128]
+        return _record(service, "sentry", delivery, str(resource), parsed, answer)
+
+    @app.get(
+        "/v1/cases",
+        response_model=list[CaseSummary],
+        dependencies=[Depends(authorized)],
+        responses={401: _ERRORS[401], 503: _ERRORS[503]},
+    )
+    def list_cases(
+        status: str | None = None, verdict: str | None = None, limit: int = 100
+    ) -> list[CaseSummary]:
+        """Cases, newest first; filter by ``status`` and ``verdict``."""
+        return CaseQuery(service.database).list(
+            status=status, verdict=verdict, limit=max(1, min(limit, 1000))
+        )
+
+    @app.get(
+        "/v1/cases/{case_id}",
+        response_model=CaseDetail,
+        dependencies=[Depends(authorized)],
+        responses={401: _ERRORS[401], 404: {"model": Problem}, 503: _ERRORS[503]},
+    )
+    def get_case(case_id: int) -> CaseDetail:
+        """One case with its evidence, occurrences, triage runs and their replays."""
+        found = CaseQuery(service.database).get(case_id)
+        if found is None:
+            raise HTTPProblem(404, f"no case {case_id}; list them at /v1/cases")
+        return found
+
+    @app.get(
+        "/v1/quarantine",
+        dependencies=[Depends(authorized)],
+        responses={200: {"description": "the quarantine document"}, 401: _ERRORS[401], 503: _ERRORS[503]},
+    )
+    def get_quarantine() -> Response:
+        """The quarantine document (the same JSON the CI side reads from a file)."""
+        return Response(quarantine_document(service.database).to_json(), media_type="application/json")
+
+    @app.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+    def readyz() -> JSONResponse:
+        """Ready when the database and the broker answer."""
+        health = Health(status="ok", database="ok", broker="ok")
+        try:
+            service.database.ping()
+        except RecordsError as exc:
+            health.status, health.database = "unavailable", str(exc)
+        try:
+            service.sender.ping()
+        except BrokerError as exc:
+            health.status, health.broker = "unavailable", str(exc)
+        return JSONResponse(health.model_dump(), status_code=200 if health.status == "ok" else 503)
+
+    @app.get("/metrics", response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+Refuse = Callable[[str, int, str, str], NoReturn]
+
+
+def _json(raw: bytes, source: str, refuse: Refuse) -> Any:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        refuse(source, 400, f"the body is not JSON: {exc}", "invalid")
+    if not isinstance(data, dict):
+        refuse(source, 400, "the body must be a JSON object", "invalid")
+    return data
+
+
+def _parse(parse: Callable[[], Parsed], source: str, refuse: Refuse) -> Parsed:
+    try:
+        return parse()
+    except PayloadError as exc:
+        refuse(source, 422, str(exc), "invalid")
+
+
+def _record(
+    service: Service,
+    source: str,
+    delivery: str,
+    kind: str,
+    parsed: Parsed,
+    answer: Callable[[str, IntakeResult, list[str]], JSONResponse],
+) -> JSONResponse:
+    result = service.intake.record(source, delivery, kind, parsed.sightings if parsed.handled else [])
+    return answer(source, result, parsed.notes)
+
+
+def _validation_text(errors: Any) -> str:
+    parts = []
+    for error in list(errors)[:5]:
+        loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts)

@@ -1,0 +1,115 @@
+"""Reading cases for the API: summaries, one case in full, and the quarantine document."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from flaketriage.orchestrator.api_models import (
+    CaseDetail,
+    CaseSummary,
+    OccurrenceView,
+    ReplayView,
+    WorkView,
+)
+from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
+from flaketriage.records import Case, Database, QuarantineRow, Work
+
+
+class CaseQuery:
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def list(self, *, status: str | None, verdict: str | None, limit: int) -> list[CaseSummary]:
+        query = select(Case).options(selectinload(Case.occurrence_rows)).order_by(Case.last_seen.desc())
+        if status:
+            query = query.where(Case.status == status)
+        if verdict:
+            query = query.where(Case.verdict == verdict)
+        with self.database.session() as session:
+            return [summary(case) for case in session.scalars(query.limit(limit)).all()]
+
+    def get(self, case_id: int) -> CaseDetail | None:
+        with self.database.session() as session:
+            case = session.scalars(
+                select(Case)
+                .where(Case.id == case_id)
+                .options(
+                    selectinload(Case.occurrence_rows),
+                    selectinload(Case.work_rows).selectinload(Work.replays),
+                )
+            ).first()
+            if case is None:
+                return None
+            return CaseDetail(
+                **summary(case).model_dump(),
+                evidence=case.evidence,
+                occurrence_list=[
+                    OccurrenceView(
+                        source=o.source,
+                        delivery_id=o.delivery_id,
+                        bundle_id=o.bundle_id,
+                        test_id=o.test_id,
+                        provenance=o.provenance,
+                        received_at=o.received_at,
+                    )
+                    for o in case.occurrence_rows
+                ],
+                triage_runs=[
+                    WorkView(
+                        id=w.id,
+                        step=w.step,
+                        status=w.status,
+                        bundle_id=w.bundle_id,
+                        queue=w.queue,
+                        attempts=w.attempts,
+                        created_at=w.created_at,
+                        started_at=w.started_at,
+                        finished_at=w.finished_at,
+                        result=w.result,
+                        error=w.error,
+                        replays=[
+                            ReplayView(
+                                index=r.idx,
+                                outcome=r.outcome,
+                                fingerprint=r.fingerprint,
+                                summary=r.summary,
+                                duration_s=r.duration_s,
+                                runner=r.runner,
+                            )
+                            for r in w.replays
+                        ],
+                    )
+                    for w in case.work_rows
+                ],
+            )
+
+
+def summary(case: Case) -> CaseSummary:
+    bundles = list(dict.fromkeys(o.bundle_id for o in case.occurrence_rows if o.bundle_id))
+    return CaseSummary(
+        id=case.id,
+        fingerprint=case.fingerprint,
+        kind=case.kind,
+        title=case.title,
+        status=case.status,
+        verdict=case.verdict,
+        test_id=case.test_id,
+        job=case.job,
+        repository=case.repository,
+        occurrences=case.occurrences,
+        first_seen=case.first_seen,
+        last_seen=case.last_seen,
+        bundles=bundles,
+        report_kind=case.report_kind,
+        report_url=case.report_url,
+        storm_of=case.storm_of,
+        error=case.error,
+    )
+
+
+def quarantine_document(database: Database) -> QuarantineDocument:
+    with database.session() as session:
+        rows = session.scalars(select(QuarantineRow).order_by(QuarantineRow.fingerprint)).all()
+        entries = {row.fingerprint: QuarantineEntry.model_validate(row.entry) for row in rows}
+    return QuarantineDocument(entries=entries)

@@ -1,0 +1,152 @@
+"""GitHub webhooks: failed workflow runs and check runs, labelled issues and ``/flaketriage`` comments.
+
+* ``workflow_run`` / ``check_run`` completed with conclusion ``failure`` open or update a case for the
+  workflow (or check) in that repository; an occurrence records the run (head SHA, URL, attempt).
+  Each ``flaketriage-bundle: <id>`` line in a check run's ``output.summary`` or ``output.text``
+  starts a triage of that bundle.
+* ``issues`` labelled ``flaketriage`` triage the bundles the issue names, and
+  ``issue_comment`` with ``/flaketriage triage <bundle-id>`` triages that bundle; the result is
+  commented back on the issue.
+* Everything else (``ping`` included) is acknowledged and ignored.
+
+Payloads are read leniently (GitHub adds fields all the time) but what is used is type-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from flaketriage.orchestrator.intake import Sighting
+from flaketriage.orchestrator.payloads import Parsed, field_of
+from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
+
+LABEL = "flaketriage"
+COMMAND = re.compile(r"^\s*/flaketriage\s+triage\s+([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def _fingerprint(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode("utf-8")).hexdigest()
+
+
+def parse(event: str, payload: dict[str, Any], policy: StorePolicy) -> Parsed:
+    """The sightings of one GitHub delivery (``X-GitHub-Event`` = `event`)."""
+    action = payload.get("action")
+    if event == "workflow_run" and action == "completed":
+        return _workflow_run(payload)
+    if event == "check_run" and action == "completed":
+        return _check_run(payload, policy)
+    if event == "issues" and action in ("labeled", "opened"):
+        return _issue(payload, policy)
+    if event == "issue_comment" and action == "created":
+        return _comment(payload, policy)
+    return Parsed(handled=False)
+
+
+def _workflow_run(payload: dict[str, Any]) -> Parsed:
+    run = field_of(payload, "workflow_run", dict)
+    if run.get("conclusion") != "failure":
+        return Parsed(handled=False)
+    repo = field_of(payload, "repository.full_name")
+    name = field_of(run, "name", required=False) or field_of(run, "path")
+    provenance = {
+        "ci_provider": "github-actions",
+        "repository": repo,
+        "workflow": name,
+        "head_sha": field_of(run, "head_sha"),
+        "head_branch": field_of(run, "head_branch", required=False),
+        "run_url": field_of(run, "html_url"),
+        "run_id": field_of(run, "id", int),
+        "attempt": str(field_of(run, "run_attempt", int, required=False) or 1),
+        "event": field_of(run, "event", required=False),
+    }
+    sighting = Sighting(
+        fingerprint=_fingerprint("github-workflow", repo, name),
+        kind="workflow",
+        title=f"{repo}: workflow {name} failed",
+        job=name,
+        repository=repo,
+        provenance=provenance,
+        trigger="never",
+    )
+    return Parsed(handled=True, sightings=[sighting])
+
+
+def _check_run(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
+    check = field_of(payload, "check_run", dict)
+    if check.get("conclusion") != "failure":
+        return Parsed(handled=False)
+    repo = field_of(payload, "repository.full_name")
+    name = field_of(check, "name")
+    output = check.get("output") if isinstance(check.get("output"), dict) else {}
+    provenance = {
+        "ci_provider": "github-checks",
+        "repository": repo,
+        "check": name,
+        "head_sha": field_of(check, "head_sha"),
+        "run_url": field_of(check, "html_url", required=False)
+        or field_of(check, "details_url", required=False),
+        "check_run_id": field_of(check, "id", int),
+    }
+    parsed = Parsed(
+        handled=True,
+        sightings=[
+            Sighting(
+                fingerprint=_fingerprint("github-check", repo, name),
+                kind="workflow",
+                title=f"{repo}: check {name} failed",
+                job=name,
+                repository=repo,
+                provenance=provenance,
+                trigger="never",
+            )
+        ],
+    )
+    summary = output.get("summary") if isinstance(output.get("summary"), str) else None
+    text = output.get("text") if isinstance(output.get("text"), str) else None
+    found, missing = resolve_bundles(bundle_ids(summary, text), policy, trigger="auto", extra=provenance)
+    parsed.sightings.extend(found)
+    parsed.notes.extend(missing)
+    return parsed
+
+
+def _issue_target(payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "repository": field_of(payload, "repository.full_name"),
+        "issue": field_of(payload, "issue.number", int),
+    }
+
+
+def _issue(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
+    labels = payload.get("issue", {}).get("labels") if isinstance(payload.get("issue"), dict) else None
+    names = {label.get("name") for label in labels or [] if isinstance(label, dict)}
+    added = payload.get("label", {}).get("name") if isinstance(payload.get("label"), dict) else None
+    if (payload.get("action") == "labeled" and added != LABEL) or LABEL not in names | {added}:
+        return Parsed(handled=False)
+    target = _issue_target(payload)
+    body = field_of(payload, "issue.body", required=False)
+    found, missing = resolve_bundles(
+        bundle_ids(body), policy, trigger="always", extra={"requested_by": target}
+    )
+    return Parsed(
+        handled=True,
+        sightings=[_replying(s, target) for s in found],
+        notes=missing or ([] if found else ["the issue names no flaketriage-bundle: <id> line"]),
+    )
+
+
+def _comment(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
+    body = field_of(payload, "comment.body")
+    idents = [m.group(1).lower() for m in COMMAND.finditer(body)]
+    if not idents:
+        return Parsed(handled=False)
+    target = _issue_target(payload)
+    found, missing = resolve_bundles(idents, policy, trigger="always", extra={"requested_by": target})
+    return Parsed(handled=True, sightings=[_replying(s, target) for s in found], notes=missing)
+
+
+def _replying(sighting: Sighting, target: dict[str, Any]) -> Sighting:
+    from dataclasses import replace
+
+    return replace(sighting, reply_to=target)

@@ -1,0 +1,68 @@
+"""`Service`: the receiver's parts, built once from the settings and handed to `create_app`.
+
+Nothing is built at import: `build_service` opens the database (upgrading its schema), the Celery
+sending side and the intake, so tests build theirs with their own database and sender.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flaketriage.dispatch import CelerySender, Dispatcher, TaskSender
+from flaketriage.orchestrator.intake import Intake
+from flaketriage.orchestrator.metrics import ServiceMetrics
+from flaketriage.orchestrator.sightings import StorePolicy
+from flaketriage.records import Database
+from flaketriage.settings import Settings
+
+
+class PingingSender(TaskSender, Protocol):
+    def ping(self) -> None: ...
+
+
+@dataclass
+class Service:
+    settings: Settings
+    database: Database
+    sender: PingingSender
+    dispatcher: Dispatcher
+    intake: Intake
+    policy: StorePolicy
+    metrics: ServiceMetrics
+
+    @classmethod
+    def assemble(cls, settings: Settings, database: Database, sender: PingingSender) -> Service:
+        dispatcher = Dispatcher(database, sender, sweep_after_s=settings.sweep_after_s)
+        intake = Intake(
+            database,
+            dispatcher,
+            retriage_after_s=settings.retriage_after_h * 3600,
+            storm_window_s=settings.storm_window_s,
+        )
+        return cls(
+            settings=settings,
+            database=database,
+            sender=sender,
+            dispatcher=dispatcher,
+            intake=intake,
+            policy=StorePolicy(settings.resolved_allowed_stores()),
+            metrics=ServiceMetrics(database),
+        )
+
+
+def sending_app(settings: Settings) -> Any:
+    """A Celery app that only sends (by task name) with the shared configuration."""
+    from celery import Celery
+
+    from flaketriage.broker import celery_config
+
+    app = Celery("flaketriage", set_as_current=False)
+    app.conf.update(celery_config(settings.resolved_broker_url()))
+    return app
+
+
+def build_service(settings: Settings) -> Service:
+    database = Database(settings.resolved_database_url())
+    database.upgrade()
+    return Service.assemble(settings, database, CelerySender(sending_app(settings)))

@@ -1,0 +1,149 @@
+"""`Database`: the engine, sessions, readiness and schema upgrades for one database URL.
+
+URLs come in their usual form (``sqlite:///path.db``, ``postgresql://user@host:5432/db``) and are
+given the driver flaketriage installs (psycopg 3). The schema is Alembic's: `upgrade()` brings any
+database to the newest revision and is safe to call from several processes at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from flaketriage.dependencies import require
+from flaketriage.errors import ConfigError, RecordsError
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_ADVISORY_LOCK = 0x46_54_52_47  # "FTRG": one schema upgrade at a time on PostgreSQL
+
+
+def database_url(url: str) -> str:
+    """`url` with flaketriage's driver: ``postgresql://`` and ``postgres://`` use psycopg 3."""
+    raw = url.strip()
+    if not raw:
+        raise ConfigError(
+            "the database URL is empty; set FLAKETRIAGE_DATABASE_URL (sqlite:///path or postgresql://...)"
+        )
+    for prefix in ("postgres://", "postgresql://"):
+        if raw.startswith(prefix):
+            raw = "postgresql+psycopg://" + raw[len(prefix) :]
+    try:
+        parsed = make_url(raw)
+    except ArgumentError as exc:
+        raise ConfigError(
+            f"FLAKETRIAGE_DATABASE_URL={url!r} is not a database URL; use sqlite:///path.db or "
+            "postgresql://user@host:5432/db"
+        ) from exc
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"FLAKETRIAGE_DATABASE_URL names {parsed.get_backend_name()!r}; flaketriage supports sqlite "
+            "and postgresql"
+        )
+    return raw
+
+
+class Database:
+    """One database: sessions (`session()`), readiness (`ping()`) and schema upgrades (`upgrade()`)."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = database_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        options: dict[str, Any] = {"echo": echo, "future": True}
+        if self.is_sqlite:
+            path = make_url(self.url).database
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            options["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            options.update(
+                pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
+            )
+        self.engine: Engine = create_engine(self.url, **options)
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+            # Every transaction takes the write lock at BEGIN: a read-then-write (a claim, a dedupe)
+            # can then never act on a snapshot another writer has changed meanwhile.
+            event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def __repr__(self) -> str:
+        return f"Database({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session whose transaction commits when the block ends and rolls back on an error.
+
+        Database errors become `RecordsError` (the receiver answers 503 to them).
+        """
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    @property
+    def safe_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def ping(self) -> None:
+        """Raise `RecordsError` unless the database answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            raise RecordsError(
+                f"the database at {self.safe_url} does not answer: {_first_line(exc)}"
+            ) from exc
+
+    def upgrade(self) -> None:
+        """Create or upgrade the schema to the newest migration (Alembic ``upgrade head``)."""
+        require("alembic", "server", "the service's schema migrations")
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        try:
+            with self.engine.begin() as conn:
+                if not self.is_sqlite:
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK})
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+        except SQLAlchemyError as exc:
+            raise RecordsError(
+                f"could not create or upgrade the schema at {self.safe_url}: {_first_line(exc)}"
+            ) from exc
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # BEGIN is ours (see Database.__init__)
+    cursor = dbapi_connection.cursor()
+    # WAL lets the receiver read while a worker writes; NORMAL sync is durable across a process
+    # crash (only an OS crash can lose the last transactions).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text_ = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text_[0] if text_ else type(exc).__name__

@@ -1,0 +1,207 @@
+"""The tables: what arrived (deliveries, occurrences), what it is about (cases), what was done (work,
+replays) and what stands (quarantine).
+
+A case is one failure, keyed by its fingerprint. An occurrence is one report of it (an event, a
+GitHub run, a Sentry alert). Work is one step of the pipeline for a case and a bundle (triage,
+minimize, report, telemetry, rerun), keyed so that the same step is never done twice; a triage's
+replays are rows of their own, so replays running on several workers add up to one verdict.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite keeps no zone; PostgreSQL does)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
+
+
+class CaseStatus(StrEnum):
+    """Where a case stands: ``queued → triaging → decided → reported``, or ``failed`` with the error.
+
+    ``open`` is a case with nothing to replay yet (a failed workflow run that named no bundle);
+    ``fixed`` a case closed as fixed, which a new occurrence reopens and triages again.
+    """
+
+    OPEN = "open"
+    QUEUED = "queued"
+    TRIAGING = "triaging"
+    DECIDED = "decided"
+    REPORTED = "reported"
+    FAILED = "failed"
+    FIXED = "fixed"
+
+
+class WorkStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Case(Base):
+    __tablename__ = "cases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
+    cause_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    """The failure without the test that hit it: many tests failing of one cause share it."""
+    kind: Mapped[str] = mapped_column(String(16))
+    """``bundle`` (a captured failure), ``workflow`` (a failed GitHub run) or ``sentry``."""
+    title: Mapped[str] = mapped_column(Text, default="")
+    test_id: Mapped[str | None] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(Text)
+    repository: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default=CaseStatus.QUEUED.value, index=True)
+    verdict: Mapped[str | None] = mapped_column(String(32), index=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    first_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    last_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    occurrences: Mapped[int] = mapped_column(Integer, default=0)
+    report_kind: Mapped[str | None] = mapped_column(String(16))
+    report_url: Mapped[str | None] = mapped_column(Text)
+    last_triage_at: Mapped[datetime | None] = mapped_column()
+    evidence: Mapped[dict[str, Any] | None] = mapped_column()
+    """The last triage's result (`TriageResult.to_json()`)."""
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    """Counts the times the case was triaged afresh (reopened, or its last triage grew old)."""
+    storm_of: Mapped[int | None] = mapped_column(ForeignKey("cases.id"))
+    """The case whose triage stands for this one: same cause, reported while that one ran."""
+
+    occurrence_rows: Mapped[list[Occurrence]] = relationship(
+        back_populates="case", order_by="Occurrence.id", cascade="all, delete-orphan"
+    )
+    work_rows: Mapped[list[Work]] = relationship(back_populates="case", order_by="Work.id")
+
+
+class Occurrence(Base):
+    __tablename__ = "occurrences"
+    __table_args__ = (UniqueConstraint("source", "delivery_id", "case_id", name="uq_occurrence_delivery"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("cases.id"), index=True)
+    source: Mapped[str] = mapped_column(String(16))
+    delivery_id: Mapped[str] = mapped_column(String(128))
+    bundle_id: Mapped[str | None] = mapped_column(String(64))
+    store_url: Mapped[str | None] = mapped_column(Text)
+    test_id: Mapped[str | None] = mapped_column(Text)
+    provenance: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    received_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+    case: Mapped[Case] = relationship(back_populates="occurrence_rows")
+
+
+class Delivery(Base):
+    """One webhook delivery, by its sender's id: a repeat is acknowledged and does nothing."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (UniqueConstraint("source", "delivery_id", name="uq_delivery"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(16))
+    delivery_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(32))
+    received_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class Work(Base):
+    """One step for one case and bundle; ``key`` makes a repeated request the same row."""
+
+    __tablename__ = "work"
+    __table_args__ = (Index("ix_work_status_sent", "status", "sent_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    case_id: Mapped[int | None] = mapped_column(ForeignKey("cases.id"), index=True)
+    bundle_id: Mapped[str | None] = mapped_column(String(64))
+    store_url: Mapped[str | None] = mapped_column(Text)
+    step: Mapped[str] = mapped_column(String(16))
+    queue: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default=WorkStatus.QUEUED.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    batch: Mapped[int] = mapped_column(Integer, default=0)
+    """For a triage: the number of replay batches sent so far."""
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """What the step was asked for: minimize, a reply target, a longer budget ..."""
+    result: Mapped[dict[str, Any] | None] = mapped_column()
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    sent_at: Mapped[datetime | None] = mapped_column()
+    """When its task was last handed to the broker; the sweep re-sends what waits too long."""
+    started_at: Mapped[datetime | None] = mapped_column()
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    """Refreshed while a worker runs it: a running step whose heartbeat stops was lost with its worker."""
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    case: Mapped[Case | None] = relationship(back_populates="work_rows")
+    replays: Mapped[list[ReplayRow]] = relationship(back_populates="work", order_by="ReplayRow.idx")
+
+
+class ReplayRow(Base):
+    """One replay of a triage, run by whichever worker took it."""
+
+    __tablename__ = "replays"
+    __table_args__ = (UniqueConstraint("work_id", "idx", name="uq_replay_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    work_id: Mapped[int] = mapped_column(ForeignKey("work.id"), index=True)
+    idx: Mapped[int] = mapped_column(Integer)
+    batch: Mapped[int] = mapped_column(Integer, default=0)
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    """None while it runs; then an `Outcome` value."""
+    fingerprint: Mapped[str | None] = mapped_column(String(128))
+    summary: Mapped[str | None] = mapped_column(Text)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    runner: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    sent_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    work: Mapped[Work] = relationship(back_populates="replays")
+
+
+class QuarantineRow(Base):
+    """A quarantined failure: the service's copy of a `flaketriage.quarantine.QuarantineEntry`."""
+
+    __tablename__ = "quarantine"
+
+    fingerprint: Mapped[str] = mapped_column(String(128), primary_key=True)
+    case_id: Mapped[int | None] = mapped_column(ForeignKey("cases.id"))
+    entry: Mapped[dict[str, Any]] = mapped_column()
+    """The entry as `QuarantineEntry.model_dump(mode="json")`."""
+    clean_reruns: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now)

@@ -1,0 +1,55 @@
+"""The work the service hands to its workers: task names, queues, and the messages tasks take.
+
+The orchestrator and the workers meet only here and in the database: the orchestrator records a
+`Work` row and sends the task named for its step with a `WorkOrder`; a worker runs it and records
+what it did. Messages are small JSON objects: the row id says everything else.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Queue(StrEnum):
+    """Queues by capability: a worker consumes the ones it can serve."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    REPORT = "report"
+    """Reports and the service's own upkeep (sweeps, schedules): no replays, light."""
+
+
+class Step(StrEnum):
+    """One step of the pipeline for a case and a bundle; each is a Celery task of the same name."""
+
+    TRIAGE = "triage"
+    """Advance the sequential test: send the next batch of replays, or decide."""
+    REPLAY = "replay"
+    MINIMIZE = "minimize"
+    REPORT = "report"
+    TELEMETRY = "telemetry"
+    RERUN = "rerun"
+    """An isolation rerun of a quarantined failure: is it fixed?"""
+
+
+def task_name(step: Step | str) -> str:
+    return f"flaketriage.{step}"
+
+
+SWEEP_TASK = "flaketriage.sweep"
+"""Re-send work whose message was lost (the database is the record, the broker only carries work)."""
+SCHEDULE_RERUNS_TASK = "flaketriage.schedule_reruns"
+SCHEDULE_TELEMETRY_TASK = "flaketriage.schedule_telemetry"
+GC_TASK = "flaketriage.gc"
+
+
+class WorkOrder(BaseModel):
+    """The message of every step's task: which `Work` row to do (and, for a replay, which one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    work_id: int = Field(ge=1)
+    replay: int | None = Field(default=None, ge=0)
+    """For a replay task: its index within the triage."""

@@ -1,0 +1,151 @@
+"""The Celery app of the workers: `create_celery` registers the tasks and the beat schedule.
+
+Nothing happens at import. Each worker process builds its `WorkerEnv` (database, sandbox, report
+sinks) at its first task, after the pool forked it, so no connection is ever shared across a fork.
+Tasks are thin: they parse their `WorkOrder` and call the `Pipeline`; database and broker outages
+are retried with backoff, anything else is recorded on the work and its case.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+
+from flaketriage.broker import celery_config
+from flaketriage.dispatch import CelerySender, Dispatcher
+from flaketriage.errors import BrokerError, RecordsError
+from flaketriage.records import Database
+from flaketriage.settings import Settings
+from flaketriage.work import (
+    GC_TASK,
+    SCHEDULE_RERUNS_TASK,
+    SCHEDULE_TELEMETRY_TASK,
+    SWEEP_TASK,
+    Queue,
+    Step,
+    WorkOrder,
+    task_name,
+)
+from flaketriage.workers.comments import MarkdownCommenter
+from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.replay import ReplayContext
+from flaketriage.workers.report.markdown import MarkdownIssueSink
+from flaketriage.workers.sandbox import make_sandbox
+from flaketriage.workers.upkeep import Upkeep
+
+log = logging.getLogger("flaketriage.workers")
+
+TRANSIENT = (RecordsError, BrokerError)
+"""Outages that pass: retried with backoff. Anything else is the work's own failure, recorded."""
+
+
+class _PerProcess:
+    """The `WorkerEnv` of the current process, built at first use (after a fork, a new one)."""
+
+    def __init__(self, settings: Settings, app: Celery) -> None:
+        self.settings = settings
+        self.app = app
+        self._env: WorkerEnv | None = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def env(self) -> WorkerEnv:
+        with self._lock:
+            if self._env is None or self._pid != os.getpid():
+                self._env = build_env(self.settings, self.app)
+                self._pid = os.getpid()
+            return self._env
+
+
+def build_env(settings: Settings, app: Celery) -> WorkerEnv:
+    database = Database(settings.resolved_database_url())
+    issues = settings.resolved_issues_dir()
+    return WorkerEnv(
+        settings=settings,
+        database=database,
+        dispatcher=Dispatcher(database, CelerySender(app), sweep_after_s=settings.sweep_after_s),
+        sandbox=make_sandbox(settings.sandbox, warn=log.warning),
+        sink=MarkdownIssueSink(issues),
+        commenter=MarkdownCommenter(issues / "comments"),
+        context=ReplayContext.from_process(),
+    )
+
+
+def create_celery(settings: Settings) -> Celery:
+    """The workers' app: the shared configuration, the tasks, the beat schedule."""
+    app = Celery("flaketriage", set_as_current=False)
+    app.conf.update(celery_config(settings.resolved_broker_url()))
+    app.conf.beat_schedule = beat_schedule(settings)
+    app.conf.task_routes = {
+        SWEEP_TASK: {"queue": Queue.REPORT.value},
+        SCHEDULE_RERUNS_TASK: {"queue": Queue.REPORT.value},
+        SCHEDULE_TELEMETRY_TASK: {"queue": Queue.REPORT.value},
+        GC_TASK: {"queue": Queue.REPORT.value},
+    }
+    holder = _PerProcess(settings, app)
+    retry: dict[str, Any] = {
+        "autoretry_for": TRANSIENT,
+        "retry_backoff": 2,
+        "retry_backoff_max": 120,
+        "retry_jitter": True,
+        "max_retries": 30,
+    }
+
+    def step_task(step: Step) -> None:
+        def run(order: dict[str, Any]) -> str:
+            parsed = WorkOrder.model_validate(order)
+            pipeline = Pipeline(holder.env())
+            if step is Step.REPLAY:
+                return pipeline.replay(parsed.work_id, int(parsed.replay or 0))
+            return str(getattr(pipeline, str(step))(parsed.work_id))
+
+        run.__name__ = f"{step}_task"
+        app.task(name=task_name(step), **retry)(run)
+
+    for step in Step:
+        step_task(step)
+
+    def sweep() -> int:
+        return holder.env().dispatcher.sweep()
+
+    def schedule_reruns() -> int:
+        return Upkeep(holder.env()).schedule_reruns()
+
+    def schedule_telemetry() -> int:
+        return Upkeep(holder.env()).schedule_telemetry()
+
+    def gc() -> dict[str, int]:
+        return Upkeep(holder.env()).collect_garbage()
+
+    for name, fn in (
+        (SWEEP_TASK, sweep),
+        (SCHEDULE_RERUNS_TASK, schedule_reruns),
+        (SCHEDULE_TELEMETRY_TASK, schedule_telemetry),
+        (GC_TASK, gc),
+    ):
+        app.task(name=name, **retry)(fn)
+
+    return app
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    return {
+        "sweep": {
+            "task": SWEEP_TASK,
+            "schedule": timedelta(seconds=max(5.0, min(60.0, settings.sweep_after_s / 2))),
+        },
+        "isolation-reruns": {
+            "task": SCHEDULE_RERUNS_TASK,
+            "schedule": timedelta(seconds=settings.rerun_every_s),
+        },
+        "telemetry-runs": {
+            "task": SCHEDULE_TELEMETRY_TASK,
+            "schedule": timedelta(seconds=settings.telemetry_every_s),
+        },
+        "store-gc": {"task": GC_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
+    }

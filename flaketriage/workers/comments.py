@@ -1,0 +1,42 @@
+"""Answers to people who asked for a triage (a ``/flaketriage triage`` comment, a labelled issue).
+
+`Commenter` is where they go; `MarkdownCommenter` appends them to a Markdown file per issue (the
+embedded default, next to the Markdown issues); the GitHub reporter comments on the issue itself.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Protocol
+
+from flaketriage.atomic import write_atomic
+from flaketriage.errors import ReportError
+from flaketriage.file_lock import locked
+from flaketriage.workers.report.base import ReportRef
+
+
+class Commenter(Protocol):
+    def comment(self, repository: str, issue: int, body: str) -> ReportRef: ...
+
+
+class MarkdownCommenter:
+    """Comments as ``<directory>/<owner>__<repo>__<issue>.md``, newest last."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def path_for(self, repository: str, issue: int) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", repository.replace("/", "__"))
+        return self.directory / f"{safe}__{int(issue)}.md"
+
+    def comment(self, repository: str, issue: int, body: str) -> ReportRef:
+        path = self.path_for(repository, issue)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with locked(self.directory / ".comments.lock"):
+                old = path.read_bytes() if path.exists() else f"# {repository}#{issue}\n".encode()
+                write_atomic(path, old + b"\n---\n\n" + body.encode("utf-8") + b"\n")
+        except OSError as exc:
+            raise ReportError(f"cannot write the comment for {repository}#{issue} to {path}: {exc}") from exc
+        return ReportRef(kind="markdown", location=str(path), created=False)

@@ -1,0 +1,572 @@
+"""What each task does: triage (in batches of parallel replays), replay, minimize, report, reruns.
+
+A triage is a row of work and its replays are rows of their own. `Pipeline.triage` feeds the
+replays that finished, in order, to the sequential test: decided, it records the verdict and sends
+minimization or the report; undecided, it sends the next batch of replays to the queue and waits.
+Each `Pipeline.replay` runs one replay on whichever worker took it and records its outcome; the
+last of a batch sends the triage on. So the replays of one case run on every worker at once, and
+two workers decide a case in about half the time one takes.
+
+Every step holds its row by a lease (`workers.leases`) and checks what is already recorded before
+it works, so a task delivered twice does nothing twice and files no second report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from flaketriage.bundle import load_manifest
+from flaketriage.dispatch import Dispatcher, Outgoing
+from flaketriage.errors import FlaketriageError
+from flaketriage.manifest import Manifest
+from flaketriage.records import Case, CaseStatus, Database, QuarantineRow, ReplayRow, Work, WorkStatus
+from flaketriage.records.models import utc_now
+from flaketriage.settings import Settings
+from flaketriage.store import Store, open_store
+from flaketriage.work import Queue, Step, WorkOrder, task_name
+from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
+from flaketriage.workers.comments import Commenter
+from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
+from flaketriage.workers.polluters import OrderTarget
+from flaketriage.workers.records_quarantine import RecordsQuarantine
+from flaketriage.workers.replay import ReplayContext, Replayer
+from flaketriage.workers.report import IssueSink
+from flaketriage.workers.sandbox import Sandbox
+from flaketriage.workers.triage import Finding, TriageResult, decide, report, should_minimize, triage
+from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy
+
+log = logging.getLogger("flaketriage.workers")
+
+REPLAYERS_KEPT = 4
+"""Materialized bundles a worker process keeps, most recently used first: the replays of one
+triage reuse one workspace instead of materializing it for every run."""
+
+
+@dataclass
+class WorkerEnv:
+    """What one worker process works with, built once per process."""
+
+    settings: Settings
+    database: Database
+    dispatcher: Dispatcher
+    sandbox: Sandbox
+    sink: IssueSink | None
+    commenter: Commenter | None
+    context: ReplayContext
+    runner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    _replayers: OrderedDict[tuple[str, str], Replayer] = field(default_factory=OrderedDict)
+
+    def policy(self, *, max_replays: int | None = None) -> VerdictPolicy:
+        s = self.settings
+        return VerdictPolicy(
+            min_rate=s.min_flaky_rate,
+            max_rate=s.max_flaky_rate,
+            alpha=s.alpha,
+            max_replays=max_replays or s.max_replays,
+            flaky_rate_replays=s.flaky_rate_replays,
+        )
+
+    def store(self, url: str, *, writable: bool = False) -> Store:
+        return open_store(url, readonly=not writable)
+
+    def replayer(self, store_url: str, manifest: Manifest) -> Replayer:
+        key = (store_url, manifest.bundle_id)
+        found = self._replayers.get(key)
+        if found is not None:
+            self._replayers.move_to_end(key)
+            return found
+        replayer = Replayer(
+            self.store(store_url),
+            manifest,
+            self.sandbox,
+            context=self.context,
+            default_timeout_s=self.settings.replay_timeout_s,
+            memory_mb=self.settings.replay_memory_mb,
+        )
+        self._replayers[key] = replayer
+        while len(self._replayers) > REPLAYERS_KEPT:
+            _, old = self._replayers.popitem(last=False)
+            old.close()
+        return replayer
+
+    def close(self) -> None:
+        while self._replayers:
+            self._replayers.popitem()[1].close()
+
+
+def replay_queue(manifest: Manifest) -> Queue:
+    """Where a bundle's replays run: a failure captured on a GPU needs a GPU runner."""
+    return Queue.GPU if manifest.hardware.gpus else Queue.CPU
+
+
+class Pipeline:
+    def __init__(self, env: WorkerEnv) -> None:
+        self.env = env
+        self.db = env.database
+
+    # -- triage -------------------------------------------------------------------------------
+    def triage(self, work_id: int) -> str:
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            return self._advance(work_id)
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    def _advance(self, work_id: int) -> str:
+        work = self._work(work_id)
+        manifest = load_manifest(self.env.store(str(work.store_url)), str(work.bundle_id))
+        self._set_case(work.case_id, status=CaseStatus.TRIAGING.value, only_from=(CaseStatus.QUEUED.value,))
+        if OrderTarget.of(manifest) is not None:
+            return self._triage_in_order(work, manifest)
+        policy = self.env.policy()
+        outgoing: list[Outgoing | None] = []
+        with self.db.session() as session:
+            rows = session.scalars(
+                select(ReplayRow).where(ReplayRow.work_id == work_id).order_by(ReplayRow.idx)
+            ).all()
+            test = SequentialTest(policy)
+            for row in rows:
+                if row.outcome is None:
+                    break  # outcomes count in replay order, as if they had run one after another
+                test.add(Outcome(row.outcome))
+            pending = any(row.outcome is None for row in rows)
+            if test.done:
+                result = TriageResult(
+                    bundle_id=manifest.bundle_id, verdict=test.result(), findings=_findings(rows)
+                )
+                outgoing.extend(self._decided(session, work_id, manifest, result))
+                state = "decided"
+            elif pending:
+                _set_work(session, work_id, status=WAITING, heartbeat_at=None, sent_at=utc_now())
+                state = "waiting"
+            else:
+                wanted = min(self.env.settings.replay_batch, policy.max_replays - len(rows))
+                wanted = max(wanted, 1)
+                start = len(rows)
+                current = session.get(Work, work_id)
+                assert current is not None
+                current.batch += 1
+                outgoing.extend(
+                    self.env.dispatcher.replays(
+                        session,
+                        current,
+                        range(start, start + wanted),
+                        current.batch,
+                        queue=replay_queue(manifest),
+                    )
+                )
+                _set_work(session, work_id, status=WAITING, heartbeat_at=None, sent_at=utc_now())
+                state = f"sent {wanted} replays"
+        self.env.dispatcher.send(outgoing)
+        return state
+
+    def _triage_in_order(self, work: Work, manifest: Manifest) -> str:
+        """A test that recorded the tests run before it may be order-dependent: the whole triage,
+        with its polluter search, runs here in one task (the search is sequential by nature)."""
+        with Heartbeat(self.db, work.id):
+            result = triage(
+                self.env.store(str(work.store_url), writable=True),
+                manifest.bundle_id,
+                sandbox=self.env.sandbox,
+                policy=self.env.policy(),
+                sink=None,
+                quarantine=None,
+                context=self.env.context,
+                minimize=False,
+                default_timeout_s=self.env.settings.replay_timeout_s,
+                memory_mb=self.env.settings.replay_memory_mb,
+            )
+        with self.db.session() as session:
+            outgoing = self._decided(session, work.id, manifest, result)
+        self.env.dispatcher.send(outgoing)
+        return "decided"
+
+    def _decided(
+        self, session: Session, work_id: int, manifest: Manifest, result: TriageResult
+    ) -> list[Outgoing | None]:
+        """Record the verdict; request minimization or the report."""
+        work = session.get(Work, work_id)
+        assert work is not None
+        data = result.to_json()
+        work.result = data
+        work.status = WorkStatus.DONE.value
+        work.finished_at = utc_now()
+        work.heartbeat_at = None
+        case = session.get(Case, work.case_id) if work.case_id else None
+        if case is not None:
+            case.verdict = str(result.verdict.verdict)
+            case.status = CaseStatus.DECIDED.value
+            case.evidence = data
+        next_step = Step.REPORT
+        queue: Queue | str = Queue.REPORT
+        if work.options.get("minimize") and should_minimize(manifest, result.verdict):
+            next_step, queue = Step.MINIMIZE, replay_queue(manifest)
+        _, sent = self.env.dispatcher.request(
+            session,
+            key=f"{next_step}:{work.id}",
+            step=next_step,
+            queue=queue,
+            case_id=work.case_id,
+            bundle_id=work.bundle_id,
+            store_url=work.store_url,
+            options={"triage": work.id, **{k: v for k, v in work.options.items() if k == "reply_to"}},
+        )
+        return [sent]
+
+    # -- one replay ---------------------------------------------------------------------------
+    def replay(self, work_id: int, index: int) -> str:
+        with self.db.session() as session:
+            row = _replay_row(session, work_id, index)
+            work = session.get(Work, work_id)
+            if row is None or row.outcome is not None or work is None or work.status == WorkStatus.DONE.value:
+                return "already-done"
+            store_url, bundle_id = str(work.store_url), str(work.bundle_id)
+        try:
+            manifest = load_manifest(self.env.store(store_url), bundle_id)
+            started = time.monotonic()
+            result = self.env.replayer(store_url, manifest).run()
+            duration = time.monotonic() - started
+            outcome, failure = result.outcome, result.failure
+        except FlaketriageError as exc:
+            # The replay could not run here (the bundle is gone, the sandbox failed): that is the
+            # triage's failure, not a replay outcome.
+            self._fail(work_id, exc)
+            return "failed"
+        outgoing: list[Outgoing] = []
+        with self.db.session() as session:
+            work = _lock_work(session, self.db, work_id)
+            changed = session.execute(
+                update(ReplayRow)
+                .where(ReplayRow.work_id == work_id, ReplayRow.idx == index, ReplayRow.outcome.is_(None))
+                .values(
+                    outcome=str(outcome),
+                    fingerprint=failure.fingerprint if failure else None,
+                    summary=_summary(failure) if outcome is Outcome.DIFFERENT else None,
+                    duration_s=duration,
+                    runner=self.env.runner,
+                    finished_at=utc_now(),
+                )
+                .execution_options(synchronize_session=False)
+            ).rowcount  # type: ignore[attr-defined]
+            pending = session.scalar(
+                select(func.count())
+                .select_from(ReplayRow)
+                .where(ReplayRow.work_id == work_id, ReplayRow.outcome.is_(None))
+            )
+            if changed and not pending and work is not None and work.status == WAITING:
+                work.sent_at = utc_now()
+                outgoing.append(Outgoing(task_name(Step.TRIAGE), WorkOrder(work_id=work_id), work.queue))
+        self.env.dispatcher.send(outgoing)
+        return str(outcome)
+
+    # -- minimization -------------------------------------------------------------------------
+    def minimize(self, work_id: int) -> str:
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            work = self._work(work_id)
+            triage_result = self._triage_result(work)
+            store_url = str(work.store_url)
+            manifest = load_manifest(self.env.store(store_url), str(work.bundle_id))
+            store = self.env.store(store_url, writable=True)
+            with Heartbeat(self.db, work_id):
+                minimizer = BundleMinimizer(
+                    store,
+                    self.env.replayer(store_url, manifest),
+                    manifest.bundle_id,
+                    triage_result.verdict.rate.estimate,
+                )
+                try:
+                    minimized: MinimizeResult | None = minimizer.run()
+                    error = None
+                except FlaketriageError as exc:
+                    minimized, error = None, str(exc)
+            outgoing: list[Outgoing | None] = []
+            with self.db.session() as session:
+                _set_work(
+                    session,
+                    work_id,
+                    status=WorkStatus.DONE.value,
+                    result={"minimized": minimized.to_json() if minimized else None, "error": error},
+                    finished_at=utc_now(),
+                    heartbeat_at=None,
+                )
+                _, sent = self.env.dispatcher.request(
+                    session,
+                    key=f"report:{work.options['triage']}",
+                    step=Step.REPORT,
+                    queue=Queue.REPORT,
+                    case_id=work.case_id,
+                    bundle_id=work.bundle_id,
+                    store_url=work.store_url,
+                    options={**work.options, "minimize": work.id},
+                )
+                outgoing.append(sent)
+            self.env.dispatcher.send(outgoing)
+            return "minimized" if minimized else f"not minimized: {error}"
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    # -- report -------------------------------------------------------------------------------
+    def report(self, work_id: int) -> str:
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            work = self._work(work_id)
+            result = self._triage_result(work)
+            minimize_id = work.options.get("minimize")
+            if isinstance(minimize_id, int):
+                minimized = self._work(minimize_id).result or {}
+                if minimized.get("minimized"):
+                    result.minimized = MinimizeResult.from_json(minimized["minimized"])
+                result.minimize_error = minimized.get("error")
+            store = self.env.store(str(work.store_url), writable=True)
+            manifest = load_manifest(store, str(work.bundle_id))
+            ref = report(
+                store,
+                manifest,
+                result,
+                self.env.sink,
+                RecordsQuarantine(self.db, work.case_id),
+                tail_lines=self.env.settings.output_tail_lines,
+            )
+            result.report = ref
+            reply = work.options.get("reply_to")
+            comment = None
+            if isinstance(reply, dict) and self.env.commenter is not None:
+                comment = self.env.commenter.comment(
+                    str(reply["repository"]), int(reply["issue"]), render_comment(result)
+                ).location
+            with self.db.session() as session:
+                data = result.to_json()
+                _set_work(
+                    session,
+                    work_id,
+                    status=WorkStatus.DONE.value,
+                    result={**data, "comment": comment},
+                    finished_at=utc_now(),
+                    heartbeat_at=None,
+                )
+                case = session.get(Case, work.case_id) if work.case_id else None
+                if case is not None:
+                    case.evidence = data
+                    case.status = CaseStatus.REPORTED.value
+                    if ref is not None:
+                        case.report_kind, case.report_url = ref.kind, ref.location
+                    _follow(session, case)
+            return ref.location if ref else "nothing to report"
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    # -- isolation reruns and telemetry -------------------------------------------------------
+    def rerun(self, work_id: int) -> str:
+        """Replay a quarantined failure in isolation; lift the quarantine when the sequential test
+        says it no longer reproduces (never because of elapsed time alone)."""
+        return self._serial(work_id, self._after_rerun)
+
+    def telemetry(self, work_id: int) -> str:
+        """A longer run of a failure that did not reproduce: more replays and a longer time limit,
+        with host samples beside each replay."""
+        return self._serial(work_id, self._after_telemetry, longer=True)
+
+    def _serial(
+        self,
+        work_id: int,
+        after: Callable[[Session, Work, TriageResult, list[dict[str, Any]]], str],
+        longer: bool = False,
+    ) -> str:
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            work = self._work(work_id)
+            store_url = str(work.store_url)
+            manifest = load_manifest(self.env.store(store_url), str(work.bundle_id))
+            policy = self.env.policy(max_replays=self.env.settings.max_replays * (3 if longer else 1))
+            replayer = self.env.replayer(store_url, manifest)
+            samples: list[dict[str, Any]] = []
+
+            def progress(_: str, done: int, __: int) -> None:
+                samples.append(host_sample(done))
+
+            with Heartbeat(self.db, work_id):
+                verdict, findings = decide(replayer, policy, progress)
+            result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, findings=findings)
+            with self.db.session() as session:
+                row = session.get(Work, work_id)
+                assert row is not None
+                state = after(session, row, result, samples)
+                row.status, row.finished_at, row.heartbeat_at = WorkStatus.DONE.value, utc_now(), None
+                row.result = {**result.to_json(), "samples": samples, "state": state}
+            return state
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    def _after_rerun(
+        self, session: Session, work: Work, result: TriageResult, _: list[dict[str, Any]]
+    ) -> str:
+        fingerprint = str(work.options.get("fingerprint"))
+        row = session.get(QuarantineRow, fingerprint)
+        if row is None:
+            return "no longer quarantined"
+        if result.verdict.verdict is Verdict.NOT_REPRODUCED:
+            session.delete(row)
+            case = session.get(Case, work.case_id) if work.case_id else None
+            if case is not None:
+                case.status, case.verdict = CaseStatus.FIXED.value, str(Verdict.NOT_REPRODUCED)
+            return "fixed: quarantine lifted"
+        row.clean_reruns = 0
+        return f"still {result.verdict.verdict}"
+
+    def _after_telemetry(
+        self, session: Session, work: Work, result: TriageResult, _: list[dict[str, Any]]
+    ) -> str:
+        case = session.get(Case, work.case_id) if work.case_id else None
+        if case is not None and result.verdict.reproductions:
+            case.verdict = str(result.verdict.verdict)
+            case.status = CaseStatus.DECIDED.value
+        return f"{result.verdict.verdict} after {result.verdict.replays} replays"
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _work(self, work_id: int) -> Work:
+        with self.db.session() as session:
+            work = session.get(Work, work_id)
+            if work is None:
+                raise FlaketriageError(f"work {work_id} is not in the records")
+            return work
+
+    def _triage_result(self, work: Work) -> TriageResult:
+        triage_id = work.options.get("triage")
+        source = self._work(int(triage_id)) if triage_id is not None else work
+        if not source.result:
+            raise FlaketriageError(f"work {work.id} needs the verdict of triage {triage_id}, which has none")
+        return TriageResult.from_json(source.result)
+
+    def _set_case(self, case_id: int | None, *, status: str, only_from: tuple[str, ...]) -> None:
+        if case_id is None:
+            return
+        with self.db.session() as session:
+            session.execute(
+                update(Case)
+                .where(Case.id == case_id, Case.status.in_(only_from))
+                .values(status=status)
+                .execution_options(synchronize_session=False)
+            )
+
+    def _fail(self, work_id: int, exc: BaseException) -> None:
+        log.warning("work %s failed: %s", work_id, exc)
+        release(self.db, work_id, WorkStatus.FAILED.value, error=str(exc)[:2000])
+        with self.db.session() as session:
+            work = session.get(Work, work_id)
+            case = session.get(Case, work.case_id) if work is not None and work.case_id else None
+            if case is not None:
+                case.status, case.error = (
+                    CaseStatus.FAILED.value,
+                    f"{work.step if work else 'work'}: {exc}"[:2000],
+                )
+
+
+def _set_work(session: Session, work_id: int, **values: Any) -> None:
+    session.execute(
+        update(Work).where(Work.id == work_id).values(**values).execution_options(synchronize_session=False)
+    )
+
+
+def _replay_row(session: Session, work_id: int, index: int) -> ReplayRow | None:
+    return session.scalars(
+        select(ReplayRow).where(ReplayRow.work_id == work_id, ReplayRow.idx == index)
+    ).first()
+
+
+def _lock_work(session: Session, database: Database, work_id: int) -> Work | None:
+    """The work row, locked until the transaction ends: replays of one triage finish one at a time,
+    so exactly one of them sees that it was the last. (SQLite's BEGIN IMMEDIATE already locks.)"""
+    query = select(Work).where(Work.id == work_id)
+    if not database.is_sqlite:
+        query = query.with_for_update()
+    return session.scalars(query).first()
+
+
+def _findings(rows: Any) -> list[Finding]:
+    found: dict[str, Finding] = {}
+    for row in rows:
+        if row.outcome == Outcome.DIFFERENT and row.fingerprint:
+            old = found.get(row.fingerprint)
+            found[row.fingerprint] = Finding(
+                fingerprint=row.fingerprint,
+                kind="failure",
+                summary=(row.summary or "")[:200],
+                count=(old.count if old else 0) + 1,
+            )
+    return list(found.values())
+
+
+def _summary(failure: Any) -> str | None:
+    if failure is None:
+        return None
+    text = (
+        f"{failure.exception_type}: {failure.message}"
+        if failure.exception_type
+        else (failure.detail or failure.kind)
+    )
+    return str(text)[:500]
+
+
+def _follow(session: Session, leader: Case) -> None:
+    """Cases that joined `leader`'s triage (one cause, other tests) take its verdict."""
+    session.execute(
+        update(Case)
+        .where(Case.storm_of == leader.id)
+        .values(
+            status=leader.status,
+            verdict=leader.verdict,
+            report_kind=leader.report_kind,
+            report_url=leader.report_url,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def host_sample(replay: int) -> dict[str, Any]:
+    """Load and memory of this host when a replay starts (a telemetry run's time series)."""
+    sample: dict[str, Any] = {"t": round(time.time(), 3), "replay": replay}
+    with contextlib.suppress(OSError):
+        sample["load1"], sample["load5"], _ = os.getloadavg()
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            info = dict(line.split(":", 1) for line in fh if ":" in line)
+        sample["mem_available_mb"] = int(info["MemAvailable"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError):
+        pass
+    return sample
+
+
+def render_comment(result: TriageResult) -> str:
+    v = result.verdict
+    lines = [
+        f"**flaketriage**: `{v.verdict}` for bundle `{result.bundle_id[:12]}`: reproduced "
+        f"{v.reproductions} of {v.replays} replays (rate {v.rate.estimate:.2f}, "
+        f"95% interval {v.rate.low:.2f}–{v.rate.high:.2f}).",
+    ]
+    if result.minimized:
+        lines.append(f"Minimal bundle: `{result.minimized.bundle_id[:12]}`.")
+    if result.report:
+        lines.append(f"Report ({result.report.kind}): {result.report.location}")
+    for finding in result.findings:
+        lines.append(f"- different failure ({finding.count}×): {finding.summary}")
+    return "\n\n".join(lines)

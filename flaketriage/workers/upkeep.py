@@ -1,0 +1,115 @@
+"""The service's scheduled upkeep (celery beat): isolation reruns of quarantined failures, telemetry
+runs of failures that did not reproduce, and garbage collection of the store.
+
+Each schedules work through the same `Dispatcher` as everything else, keyed by period, so a beat
+that fires twice (or two beats) schedules each rerun once.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from flaketriage.dispatch import Outgoing
+from flaketriage.quarantine import QuarantineEntry
+from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow, Work
+from flaketriage.store import open_store
+from flaketriage.store.gc import collect
+from flaketriage.work import Queue, Step
+from flaketriage.workers.pipeline import WorkerEnv
+from flaketriage.workers.verdict import Verdict
+
+
+class Upkeep:
+    def __init__(self, env: WorkerEnv) -> None:
+        self.env = env
+        self.db = env.database
+
+    def schedule_reruns(self) -> int:
+        """One isolation rerun per quarantined failure per `rerun_every_s` period."""
+        period = int(time.time() // self.env.settings.rerun_every_s)
+        outgoing: list[Outgoing | None] = []
+        with self.db.session() as session:
+            for row in session.scalars(select(QuarantineRow)).all():
+                entry = QuarantineEntry.model_validate(row.entry)
+                store_url = self._store_of(session, entry.bundle_id)
+                _, sent = self.env.dispatcher.request(
+                    session,
+                    key=f"rerun:{row.fingerprint}:{period}",
+                    step=Step.RERUN,
+                    queue=Queue.CPU,
+                    case_id=row.case_id,
+                    bundle_id=entry.bundle_id,
+                    store_url=store_url,
+                    options={"fingerprint": row.fingerprint},
+                )
+                outgoing.append(sent)
+        self.env.dispatcher.send(outgoing)
+        return sum(1 for o in outgoing if o is not None)
+
+    def schedule_telemetry(self) -> int:
+        """One telemetry run per `not_reproduced` case and triage generation."""
+        outgoing: list[Outgoing | None] = []
+        with self.db.session() as session:
+            cases = session.scalars(
+                select(Case).where(
+                    Case.verdict == Verdict.NOT_REPRODUCED.value,
+                    Case.status.in_([CaseStatus.DECIDED.value, CaseStatus.REPORTED.value]),
+                )
+            ).all()
+            for case in cases:
+                last = session.scalars(
+                    select(Work)
+                    .where(
+                        Work.case_id == case.id, Work.step == Step.TRIAGE.value, Work.bundle_id.is_not(None)
+                    )
+                    .order_by(Work.id.desc())
+                    .limit(1)
+                ).first()
+                if last is None:
+                    continue
+                _, sent = self.env.dispatcher.request(
+                    session,
+                    key=f"telemetry:{case.id}:g{case.generation}",
+                    step=Step.TELEMETRY,
+                    queue=Queue.CPU,
+                    case_id=case.id,
+                    bundle_id=last.bundle_id,
+                    store_url=last.store_url,
+                )
+                outgoing.append(sent)
+        self.env.dispatcher.send(outgoing)
+        return sum(1 for o in outgoing if o is not None)
+
+    def collect_garbage(self) -> dict[str, int]:
+        """Collect the default store: bundles referenced by an open case or a quarantine entry are
+        kept whatever their age."""
+        settings = self.env.settings
+        with self.db.session() as session:
+            keep = set(
+                session.scalars(
+                    select(Occurrence.bundle_id)
+                    .join(Case, Case.id == Occurrence.case_id)
+                    .where(Occurrence.bundle_id.is_not(None), Case.status != CaseStatus.FIXED.value)
+                ).all()
+            )
+            for row in session.scalars(select(QuarantineRow)).all():
+                keep.update(QuarantineEntry.model_validate(row.entry).bundles)
+        report = collect(
+            open_store(settings.store),
+            keep={k for k in keep if k},
+            older_than=timedelta(days=settings.gc_older_than_days),
+            apply=True,
+        )
+        return {"bundles": len(report.bundles), "objects": len(report.objects)}
+
+    def _store_of(self, session: Session, bundle_id: str) -> str:
+        found = session.scalars(
+            select(Occurrence.store_url).where(
+                Occurrence.bundle_id == bundle_id, Occurrence.store_url.is_not(None)
+            )
+        ).first()
+        return found or self.env.settings.resolved_allowed_stores()[0]
