@@ -1,15 +1,17 @@
 """Atomic file writes: a temp file beside the target, fsynced, renamed over it.
 
 Readers see the old file or the new one, never half of one, and a crash leaves at most a hidden
-temp file, never a truncated target. Every writer of a whole file uses this: `write_atomic` when
-the content and the target are known up front, `staged_file` when the target is only known once
-the content is written (a content-addressed object named by its hash).
+temp file, never a truncated target (`remove_stale` deletes those once they are an hour old).
+Every writer of a whole file uses this: `write_atomic` when the content and the target are known
+up front, `staged_file` when the target is only known once the content is written (a
+content-addressed object named by its hash).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,3 +77,33 @@ def write_atomic(
         for chunk in [data] if isinstance(data, bytes) else data:
             staged.file.write(chunk)
         return staged.commit(path, mode=mode, overwrite=overwrite)
+
+
+STALE_AFTER_S = 3600.0
+"""A temp file untouched this long was left by a writer that died: a live one keeps writing to it."""
+
+
+def remove_stale(directory: Path, *, hidden_only: bool = True, older_than_s: float = STALE_AFTER_S) -> int:
+    """Delete the temp files in `directory` (not below it) left by writers killed mid-write.
+
+    Those are hidden ``.name.*`` files (`write_atomic`'s names), or, with `hidden_only` False,
+    every file (a directory that holds only temp files). Only files untouched for `older_than_s`
+    are deleted, by modification time. Never raises: a file that cannot be deleted stays. Returns
+    how many were deleted.
+    """
+    cutoff = time.time() - older_than_s
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        if hidden_only and not entry.name.startswith("."):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue
+    return removed

@@ -14,9 +14,9 @@ from typing import Any
 
 from flaketriage.work import Queue
 
-DEFAULT_VISIBILITY_TIMEOUT_S = 6 * 3600
-"""Longer than any task (a replay, a minimization): Redis hands an unacknowledged task to another
-worker only after this, so a healthy long task is never run twice."""
+DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
+"""Redis hands a task that was taken but never acknowledged (its worker died) to another worker
+after this long. A long task handed out twice still runs once: its step is held by a lease."""
 
 
 def celery_config(

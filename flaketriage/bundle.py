@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from flaketriage.errors import BundleError, BundleNotFoundError, FlaketriageError, ObjectNotFoundError
 from flaketriage.manifest import Manifest
+from flaketriage.manifest_safety import manifest_problems
+from flaketriage.os_strings import shell_join
 from flaketriage.store import Store
+from flaketriage.store.base import MAX_MANIFEST_BYTES
 
 REF_PREFIX = "bundles/"
 
@@ -37,7 +40,7 @@ class BundleSummary:
             id=manifest.bundle_id,
             created_at=manifest.created_at,
             kind=manifest.kind,
-            command=shlex.join(manifest.command.argv),
+            command=shell_join(manifest.command.argv),
             test_id=manifest.failure.test_id,
             fingerprint=manifest.failure.fingerprint,
             failure=describe_failure(manifest),
@@ -108,9 +111,17 @@ def resolve_id(store: Store, ident: str) -> str:
 
 def load_manifest(store: Store, ident: str) -> Manifest:
     """The verified manifest of a bundle (its bytes must hash to the bundle id)."""
-    bundle_id = resolve_id(store, ident)
+    return read_manifest(store, resolve_id(store, ident))
+
+
+def read_manifest(store: Store, bundle_id: str) -> Manifest:
+    """The verified manifest under the full id `bundle_id`, read with the `MAX_MANIFEST_BYTES` cap."""
     try:
-        raw = store.get_bytes(bundle_id)
+        raw = store.get_bytes(
+            bundle_id,
+            max_size=MAX_MANIFEST_BYTES,
+            why=f"{MAX_MANIFEST_BYTES} bytes, the most a manifest may hold (real ones are kilobytes)",
+        )
     except ObjectNotFoundError as exc:
         raise BundleNotFoundError(
             f"bundle {bundle_id} is listed but its manifest is missing from {store.location}"
@@ -125,20 +136,76 @@ def load_manifest(store: Store, ident: str) -> Manifest:
 
 
 def list_bundles(store: Store) -> list[BundleSummary]:
-    """Every bundle in the store, newest first."""
-    out: list[BundleSummary] = []
-    for name in store.list_refs(REF_PREFIX):
-        raw = store.get_ref(name)
-        if raw is None:
-            continue
+    """Every bundle in the store, newest first (damaged index entries left out: see `read_index`)."""
+    return read_index(store).bundles
+
+
+@dataclass
+class BundleIndex:
+    """The store's bundle index: the bundles it lists, newest first, and its damaged entries."""
+
+    bundles: list[BundleSummary] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """One message per entry that cannot be listed (unreadable, or naming a missing manifest)."""
+
+
+def read_index(store: Store) -> BundleIndex:
+    """Every bundle the index lists; an entry that cannot be read never hides the others."""
+    index = BundleIndex()
+    for name in sorted(store.list_refs(REF_PREFIX)):
         try:
-            data = json.loads(raw)
-            data["created_at"] = datetime.fromisoformat(data["created_at"])
-            out.append(BundleSummary(**data))
-        except (ValueError, TypeError, KeyError):
-            continue  # an unreadable index entry never hides the others; `verify` reports it
-    out.sort(key=lambda s: (s.created_at, s.id), reverse=True)
-    return out
+            index.bundles.append(read_summary(store, name[len(REF_PREFIX) :]))
+        except FlaketriageError as exc:
+            index.problems.append(str(exc))
+    index.bundles.sort(key=lambda s: (s.created_at, s.id), reverse=True)
+    return index
+
+
+def read_summary(store: Store, bundle_id: str) -> BundleSummary:
+    """The index entry of `bundle_id`; a `BundleError` when it is damaged or its manifest is missing."""
+    entry = f"the index entry {REF_PREFIX}{bundle_id}"
+    if len(bundle_id) != 64 or any(c not in "0123456789abcdef" for c in bundle_id):
+        raise BundleError(
+            f"the index entry {REF_PREFIX + bundle_id!r:.120} does not name a bundle (its name is not a "
+            f"64-hex id); remove it from the store's refs/{REF_PREFIX} (flaketriage never writes one)"
+        )
+    if not store.has(bundle_id):
+        raise BundleError(
+            f"{entry} names a bundle whose manifest is missing from {store.location}; the bundle "
+            "cannot be used: restore the store from a copy, or re-capture the failure"
+        )
+    raw = store.get_ref(REF_PREFIX + bundle_id)
+    try:
+        summary = _summary(json.loads(raw or b""))
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise BundleError(
+            f"{entry} is damaged (not the bundle summary flaketriage writes: {exc!s:.80}); "
+            f"`flaketriage bundle verify {bundle_id[:12]}` checks the bundle itself: re-capture the "
+            "failure, or restore the store from a copy"
+        ) from exc
+    if summary.id != bundle_id:
+        raise BundleError(
+            f"{entry} describes another bundle ({summary.id!r:.20}); the index is damaged: re-capture "
+            "the failure, or restore the store from a copy"
+        )
+    return summary
+
+
+def _summary(data: object) -> BundleSummary:
+    """A summary from its JSON, every field of the type it must have (a ValueError otherwise)."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    text = {"id", "kind", "command", "fingerprint", "failure", "created_at"}
+    optional = {"test_id", "parent"}
+    if set(data) != text | optional:
+        raise ValueError(f"fields {sorted(set(data) ^ (text | optional))} missing or unknown")
+    for key in text:
+        if not isinstance(data[key], str):
+            raise ValueError(f"{key} is not a string")
+    for key in optional:
+        if data[key] is not None and not isinstance(data[key], str):
+            raise ValueError(f"{key} is neither a string nor null")
+    return BundleSummary(**{**data, "created_at": datetime.fromisoformat(data["created_at"])})
 
 
 @dataclass
@@ -156,17 +223,42 @@ class VerifyReport:
 
 
 def verify_bundle(store: Store, ident: str) -> VerifyReport:
-    """Re-hash the manifest and every blob it names."""
-    manifest = load_manifest(store, ident)
-    report = VerifyReport(bundle_id=manifest.bundle_id)
+    """Check a bundle: its index entry, its manifest (hash, schema, and what
+    `flaketriage.manifest_safety` refuses to restore: paths, commit, command), and every blob it names
+    (re-hashed, streamed, never past the size the manifest records).
+
+    An `ident` that names no bundle raises; everything wrong with the bundle itself is a problem.
+    """
+    bundle_id = resolve_id(store, ident)
+    report = VerifyReport(bundle_id=bundle_id)
+    summary: BundleSummary | None = None
+    try:
+        summary = read_summary(store, bundle_id)
+    except FlaketriageError as exc:
+        report.problems.append(str(exc))
+    try:
+        manifest = read_manifest(store, bundle_id)
+    except FlaketriageError as exc:
+        if store.has(bundle_id):  # a missing manifest is already said by the index check
+            report.problems.append(str(exc))
+        return report
+    expected = BundleSummary.of(manifest)
+    # Before OsStr arguments, the command was written with shlex.join: either form is this bundle's.
+    older = replace(expected, command=shlex.join(manifest.command.argv))
+    if summary is not None and summary not in (expected, older):
+        report.problems.append(
+            f"the index entry {REF_PREFIX}{bundle_id} does not match the bundle's manifest, so "
+            "`bundle list` shows something else than the bundle holds; re-capture the failure"
+        )
+    report.problems += manifest_problems(manifest)
     for ref in manifest.blobs():
         report.blobs += 1
         try:
-            data = store.get_bytes(ref.sha256)
+            size = store.verify(ref.sha256, max_size=ref.size)
         except FlaketriageError as exc:
             report.problems.append(str(exc))
             continue
-        report.bytes += len(data)
-        if len(data) != ref.size:
-            report.problems.append(f"blob {ref.sha256} has {len(data)} bytes, the manifest says {ref.size}")
+        report.bytes += size
+        if size != ref.size:
+            report.problems.append(f"blob {ref.sha256} has {size} bytes, the manifest says {ref.size}")
     return report

@@ -2,17 +2,18 @@
 
 An item is a CSV record (the header always stays), a non-empty JSON Lines line, an entry along the
 first axis of a ``.npy`` array, or a top-level entry of a directory (sorted by name). Kept items
-are copied byte for byte, so a subset fails for the same reason the whole did.
+are copied byte for byte, so a subset fails for the same reason the whole did. Files are read as
+streams (a ``.npy`` through a memory map), so counting or subsetting a large input holds one
+record at a time, not the file.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from flaketriage.dependencies import require
 from flaketriage.errors import DatasetError
@@ -26,6 +27,7 @@ _SUFFIXES: dict[str, DataFormat] = {
     ".ndjson": "jsonl",
     ".npy": "npy",
 }
+_NPY_MAGIC = b"\x93NUMPY"
 _SUPPORTED = "CSV/TSV (.csv, .tsv), JSON Lines (.jsonl, .ndjson), NumPy arrays (.npy) or a directory"
 
 
@@ -54,12 +56,25 @@ def count_items(path: Path, fmt: DataFormat) -> int:
     path = Path(path)
     _require(path, fmt)
     if fmt == "csv":
-        return len(_csv_records(path)[1])
+        return max(0, sum(1 for _ in _csv_records(path)) - 1)  # the header is not an item
     if fmt == "jsonl":
-        return len(_jsonl_items(path))
+        return sum(1 for _ in _jsonl_items(path))
     if fmt == "npy":
         return int(_load_npy(path).shape[0])
     return len(_dir_entries(path))
+
+
+def empty_note(path: str | Path, fmt: DataFormat, items: int) -> str | None:
+    """A warning for a declared input with no items (nothing to minimize), else None."""
+    if items:
+        return None
+    what = {
+        "csv": "no records (an empty or header-only CSV)",
+        "jsonl": "no non-empty lines",
+        "npy": "an array with no entries along its first axis",
+        "dir": "an empty directory",
+    }[fmt]
+    return f"data input {path} holds {what}; it is stored as it is, but there is nothing to minimize"
 
 
 def write_subset(src: Path, dest: Path, fmt: DataFormat, keep: Sequence[int]) -> None:
@@ -75,12 +90,15 @@ def write_subset(src: Path, dest: Path, fmt: DataFormat, keep: Sequence[int]) ->
             f"cannot write a subset of {src} to {dest}: it already exists; remove it first or pick a new path"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "csv":
-        header, records = _csv_records(src)
-        _write_text(dest, header + "".join(records[i] for i in _indices(keep, len(records), src)))
-    elif fmt == "jsonl":
-        lines = _jsonl_items(src)
-        _write_text(dest, "".join(lines[i] for i in _indices(keep, len(lines), src)))
+    if fmt in ("csv", "jsonl"):
+        wanted = set(_indices(keep, count_items(src, fmt), src))
+        # The CSV header is record 0 and always kept; JSON Lines has no header.
+        skip = 1 if fmt == "csv" else 0
+        items = _csv_records(src) if fmt == "csv" else _jsonl_items(src)
+        with dest.open("w", encoding="utf-8", errors="surrogateescape", newline="") as out:
+            for i, text in enumerate(items):
+                if i < skip or i - skip in wanted:
+                    out.write(text)
     elif fmt == "npy":
         _write_npy_subset(src, dest, keep)
     else:
@@ -112,52 +130,62 @@ def _indices(keep: Sequence[int], count: int, src: Path) -> list[int]:
 
 
 # Text is read and written with surrogateescape and no newline translation, so that bytes which
-# are not UTF-8 and "\r\n" line ends survive a subset unchanged.
-def _read_text(path: Path) -> str:
-    with path.open(encoding="utf-8", errors="surrogateescape", newline="") as f:
-        return f.read()
-
-
-def _write_text(path: Path, text: str) -> None:
-    with path.open("w", encoding="utf-8", errors="surrogateescape", newline="") as f:
-        f.write(text)
-
-
-def _csv_records(path: Path) -> tuple[str, list[str]]:
-    """The header's raw text and each record's raw text; blank lines belong to no record."""
-    lines = io.StringIO(_read_text(path))
-    consumed: list[str] = []
-
-    def feed() -> Iterator[str]:
-        # csv.reader pulls one more line only while a quoted field is open, so the lines it
-        # pulled for one record are exactly that record's text.
-        for line in lines:
-            consumed.append(line)
-            yield line
-
-    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
-    reader = csv.reader(feed(), dialect)
-    raw: list[str] = []
+# are not UTF-8 and "\r\n" line ends survive a subset unchanged. Lines end at "\n" only.
+def _open_text(path: Path) -> IO[str]:
     try:
-        for row in reader:
-            if row:
-                raw.append("".join(consumed))
-            consumed.clear()
-    except csv.Error as exc:
-        raise DatasetError(
-            f"{path} is not readable as CSV near line {reader.line_num} ({exc}); "
-            "fix the file or declare it without reduction"
-        ) from exc
-    return (raw[0], raw[1:]) if raw else ("", [])
+        return path.open(encoding="utf-8", errors="surrogateescape", newline="\n")
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
 
 
-def _jsonl_items(path: Path) -> list[str]:
-    with io.StringIO(_read_text(path)) as lines:
-        return [line for line in lines if line.strip()]
+def _unreadable(path: Path, exc: OSError) -> DatasetError:
+    return DatasetError(
+        f"cannot read data input {path} ({exc.strerror or exc}); make it readable by the user "
+        "running flaketriage, or leave it out of --data"
+    )
+
+
+def _csv_records(path: Path) -> Iterator[str]:
+    """Each record's raw text, the header first, one at a time; blank lines belong to no record."""
+    consumed: list[str] = []
+    with _open_text(path) as lines:
+
+        def feed() -> Iterator[str]:
+            # csv.reader pulls one more line only while a quoted field is open, so the lines it
+            # pulled for one record are exactly that record's text.
+            for line in lines:
+                consumed.append(line)
+                yield line
+
+        dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+        reader = csv.reader(feed(), dialect)
+        try:
+            for row in reader:
+                if row:
+                    yield "".join(consumed)
+                consumed.clear()
+        except csv.Error as exc:
+            raise DatasetError(
+                f"{path} is not readable as CSV near line {reader.line_num} ({exc}); "
+                "fix the file or declare it without reduction"
+            ) from exc
+        except OSError as exc:
+            raise _unreadable(path, exc) from exc
+
+
+def _jsonl_items(path: Path) -> Iterator[str]:
+    with _open_text(path) as lines:
+        try:
+            yield from (line for line in lines if line.strip())
+        except OSError as exc:
+            raise _unreadable(path, exc) from exc
 
 
 def _dir_entries(path: Path) -> list[Path]:
-    return sorted(path.iterdir(), key=lambda p: p.name)
+    try:
+        return sorted(path.iterdir(), key=lambda p: p.name)
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
 
 
 def _numpy() -> Any:
@@ -167,9 +195,21 @@ def _numpy() -> Any:
 def _load_npy(path: Path) -> Any:
     np = _numpy()
     try:
+        with path.open("rb") as f:
+            magic = f.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    if magic != _NPY_MAGIC:
+        raise DatasetError(
+            f"{path} is not a .npy file: it does not start with the NumPy magic bytes "
+            f"(found {magic!r}); save it with numpy.save, or declare another format"
+        )
+    try:
         # Memory-mapped, so counting or slicing a large array does not read all of it.
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:
+    except PermissionError as exc:
+        raise _unreadable(path, exc) from exc
+    except (ValueError, OSError, EOFError) as exc:
         raise DatasetError(
             f"{path} is not a .npy array flaketriage can reduce ({exc}); object arrays need pickle, "
             "which a replay must not load: save a numeric array, or declare the file without reduction"

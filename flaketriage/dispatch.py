@@ -14,7 +14,7 @@ minimization and the report), so both live here, in the core.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -88,6 +88,19 @@ class MemorySender:
 
 
 @dataclass(frozen=True)
+class WorkRequest:
+    """A step asked for; `key` names it, so asking twice gives the same work."""
+
+    key: str
+    step: Step
+    queue: Queue | str
+    case_id: int | None = None
+    bundle_id: str | None = None
+    store_url: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Outgoing:
     """A task to send once the transaction that recorded it commits."""
 
@@ -149,6 +162,43 @@ class Dispatcher:
         session.add(work)
         session.flush()
         return work, Outgoing(task_name(step), WorkOrder(work_id=work.id), str(queue))
+
+    def request_many(
+        self, session: Session, requests: Sequence[WorkRequest]
+    ) -> dict[str, tuple[Work, Outgoing | None]]:
+        """`request` for many at once (one query, one insert): by key, the work and, for work
+        created now, its task to send."""
+        if not requests:
+            return {}
+        keys = sorted({r.key for r in requests})
+        found: dict[str, tuple[Work, Outgoing | None]] = {
+            work.key: (work, None) for work in session.scalars(select(Work).where(Work.key.in_(keys))).all()
+        }
+        now = self.clock()
+        created: dict[str, tuple[WorkRequest, Work]] = {}
+        for r in requests:
+            if r.key in found or r.key in created:
+                continue
+            work = Work(
+                key=r.key,
+                step=str(r.step),
+                queue=str(r.queue),
+                case_id=r.case_id,
+                bundle_id=r.bundle_id,
+                store_url=r.store_url,
+                options=dict(r.options),
+                status=WorkStatus.QUEUED.value,
+                attempts=0,
+                batch=0,
+                created_at=now,
+                sent_at=now,
+            )
+            session.add(work)
+            created[r.key] = (r, work)
+        session.flush()
+        for r, work in created.values():
+            found[r.key] = (work, Outgoing(task_name(r.step), WorkOrder(work_id=work.id), str(r.queue)))
+        return found
 
     def replays(
         self, session: Session, work: Work, indices: Iterable[int], batch: int, *, queue: Queue | str

@@ -7,17 +7,22 @@
     ├── StoreError                    the content-addressed store
     │   ├── StoreNotWritableError     the store path cannot be created or written
     │   ├── ObjectNotFoundError       a blob or manifest the caller named is not there
-    │   └── CorruptObjectError        a blob's bytes do not hash to its key
+    │   ├── CorruptObjectError        a blob's bytes do not hash to its key (or it is empty, undecodable)
+    │   └── ObjectTooLargeError       a blob inflates past the size its manifest records (or a read's cap)
     ├── BundleError                   a bundle manifest, its id, or its export
     │   └── BundleNotFoundError       no bundle has that id (or prefix)
     ├── DatasetError                  a declared ``--data`` input: missing, or of an unknown format
     ├── CaptureError                  running and recording the failing command
+    │   └── MetricsFileError          a declared metrics file is missing, unreadable or holds no metrics
+    │                                 after the run (recorded as a ``metric`` failure, never a pass)
     ├── SandboxError                  materializing a workspace or running a replay in isolation
     ├── GitError                      a git command failed or timed out, or git is not installed
     ├── MinimizeError                 reducing a failing bundle
     ├── ReportError                   writing an issue or a quarantine entry
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
+    ├── RecordsError                  the service's database: unreachable, or a write refused
+    ├── BrokerError                   the task broker cannot take work (it stays recorded, re-sent later)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
     ├── MissingDependencyError        an optional library is not installed (also an ImportError); names
     │                                 the ``pip install 'flaketriage[extra]'`` that fixes it
@@ -79,13 +84,26 @@ class ObjectNotFoundError(StoreError):
 class CorruptObjectError(StoreError):
     """A blob's bytes no longer hash to its key."""
 
-    def __init__(self, key: str, actual: str, where: str) -> None:
+    def __init__(self, key: str, actual: str, where: str, *, detail: str | None = None) -> None:
         super().__init__(
-            f"object {key} in {where} is corrupt: its content hashes to {actual}; "
+            f"object {key} in {where} is corrupt: {detail or f'its content hashes to {actual}'}; "
             "it was not used. Re-capture the failure, or restore the object from a copy of the store"
         )
         self.key = key
         self.actual = actual
+
+
+class ObjectTooLargeError(StoreError):
+    """A blob holds more bytes than the reader allows: the size its manifest records, or a fixed cap
+    (a manifest, a blob read into memory), or the free space where it was to be written.
+
+    Raised while streaming, before anything lands at the destination. ``limit`` is the bound in bytes.
+    """
+
+    def __init__(self, key: str, where: str, limit: int, why: str, todo: str) -> None:
+        super().__init__(f"object {key} in {where} is refused: {why}; it was not used. {todo}")
+        self.key = key
+        self.limit = limit
 
 
 class BundleError(FlaketriageError):
@@ -102,6 +120,23 @@ class DatasetError(FlaketriageError):
 
 class CaptureError(FlaketriageError):
     """Running or recording the failing command failed."""
+
+
+class MetricsFileError(CaptureError):
+    """A ``--metrics-file`` could not be read after the run, so its metric criteria could not be
+    evaluated. Capture and replay record it as a failure of kind ``metric``: an unevaluated
+    criterion never passes. ``reason`` is one stable word (``missing``, ``unreadable``, ``empty``,
+    ``not-json``) that goes into the failure's fingerprint."""
+
+    def __init__(self, path: str, reason: str, detail: str) -> None:
+        super().__init__(
+            f"the metrics file {path} could not be read after the run ({detail}), so its metric "
+            "criteria could not be evaluated; make the command write one JSON object (or JSON Lines "
+            "of them) there, or drop --metrics-file"
+        )
+        self.path = path
+        self.reason = reason
+        self.detail = detail
 
 
 class SandboxError(FlaketriageError):
@@ -161,6 +196,14 @@ class NotifyError(FlaketriageError):
 
 class SignatureError(FlaketriageError):
     """A signed request's signature is missing, malformed, does not match, or is too old or new."""
+
+
+class RecordsError(FlaketriageError):
+    """The service's database cannot be reached or refused a write; nothing was half-recorded."""
+
+
+class BrokerError(FlaketriageError):
+    """The task broker cannot take work now; the work stays recorded and is sent again later."""
 
 
 class GuardError(FlaketriageError):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import Failure, Manifest, Provenance
+from flaketriage.os_strings import OsStr
 from flaketriage.store import Store, local_path, open_store, store_url
 
 EVENTS_SCHEMA_VERSION = 1
@@ -104,7 +105,7 @@ class FailureEvent(_Model):
     bundle_id: str = Field(pattern=r"^[0-9a-f]{64}$")
     fingerprint: str = Field(min_length=1, max_length=128)
     failure: FailureSummary
-    command: tuple[str, ...]
+    command: tuple[OsStr, ...]
     """The command that reruns the failure (argv, secrets already redacted by the capture)."""
     store: StoreLocation
     provenance: Provenance

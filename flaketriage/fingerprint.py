@@ -7,6 +7,7 @@ what varies, so "same fingerprint" means "same failure".
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from flaketriage.errors import ConfigError
+from flaketriage.errors import ConfigError, MetricsFileError
 from flaketriage.manifest import Failure, FailureCriteria
 from flaketriage.metrics import bound_violation, read_metrics
 from flaketriage.normalize import clean_line, normalize_message, strip_ansi
@@ -110,6 +111,7 @@ def fingerprint_failure(
     criteria: FailureCriteria | None = None,
     metrics: Mapping[str, float] | None = None,
     timed_out: bool = False,
+    metrics_dir: str | os.PathLike[str] | None = None,
 ) -> FailureInfo | None:
     """How the run failed under ``criteria``, or None when it did not fail.
 
@@ -118,18 +120,27 @@ def fingerprint_failure(
     last the exit status or signal with the last error-looking line of stderr. A negative
     ``exit_code`` is death by signal ``-exit_code``; ``None`` means no exit status is known.
 
-    ``metrics`` are the values to check; when None they are read from stdout and stderr (the
-    caller reads ``criteria.metrics_file``, since only it knows the run's directory).
+    ``metrics`` are the values to check; when None they are read from stdout and stderr, and from
+    ``criteria.metrics_file`` under ``metrics_dir`` (the run's directory). A metrics file that
+    cannot be read is a ``metric`` failure (``metric|file|<reason>``) unless the run failed in
+    another way: an unevaluated criterion never passes, but a crash is the more telling failure.
     """
     criteria = criteria or FailureCriteria()
     if timed_out:
         return _info("timeout", "timeout", exit_code=exit_code, detail="the run passed its time limit")
+    unreadable: MetricsFileError | None = None
+    if criteria.metrics and metrics is None:
+        try:
+            metrics = _read_run_metrics(criteria, stdout, stderr, metrics_dir)
+        except MetricsFileError as exc:
+            unreadable = exc
+            metrics = read_metrics(f"{stdout}\n{stderr}", [b.name for b in criteria.metrics])
     found = _metric_failure(criteria, metrics, stdout, stderr, exit_code)
     found = found or _pattern_failure(criteria, stdout, stderr, exit_code)
     if found is not None:
         return found
     if not criteria.nonzero_exit or not exit_code:
-        return None
+        return _unreadable_metrics(unreadable, criteria, exit_code)
     signal_name = _signal_name(-exit_code) if exit_code < 0 else None
     # A Python exception that escapes exits with status 1; a process killed by a signal (SIGSEGV,
     # the OOM killer's SIGKILL) failed in that way, and a traceback in its output was handled
@@ -170,6 +181,28 @@ def _metric_failure(
             exit_code=exit_code,
         )
     return None
+
+
+def _read_run_metrics(
+    criteria: FailureCriteria, stdout: str, stderr: str, metrics_dir: str | os.PathLike[str] | None
+) -> dict[str, float]:
+    names = [b.name for b in criteria.metrics]
+    metrics_file = None
+    if criteria.metrics_file is not None and metrics_dir is not None:
+        metrics_file = os.path.join(metrics_dir, criteria.metrics_file)
+    return read_metrics(f"{stdout}\n{stderr}", names, metrics_file)
+
+
+def _unreadable_metrics(
+    problem: MetricsFileError | None, criteria: FailureCriteria, exit_code: int | None
+) -> FailureInfo | None:
+    if problem is None:
+        return None
+    # Named as declared (cwd-relative), so capture and replay describe the same file the same way.
+    shown = MetricsFileError(criteria.metrics_file or problem.path, problem.reason, problem.detail)
+    return _info(
+        "metric", f"metric|file|{problem.reason}", message=str(shown), detail=str(shown), exit_code=exit_code
+    )
 
 
 def _pattern_failure(
@@ -293,3 +326,24 @@ def _expand_roots(roots: Sequence[str]) -> list[str]:
         if real != root:
             expanded.append(real)
     return expanded
+
+
+def fingerprint_exception(
+    exception_type: str, message: str, frames: Sequence[tuple[str, str]], roots: Sequence[str] = ()
+) -> FailureInfo:
+    """The fingerprint of a Python exception reported by something other than its output (a Sentry
+    event): `frames` are ``(filename, function)`` pairs, oldest first, as a traceback prints them.
+
+    The same exception through the same code path gets the same fingerprint as a captured run's
+    traceback, so a production error and a CI failure of one bug land on one case.
+    """
+    from flaketriage.tracebacks import Frame
+
+    error = PythonError(
+        exception_type=exception_type,
+        message=message,
+        frames=tuple(Frame(filename=f, function=fn, lineno=0) for f, fn in frames),
+        text="",
+    )
+    info = _python_info(error, [r for r in roots if r], 1, None)
+    return dataclasses.replace(info, traceback=None, exit_code=None)

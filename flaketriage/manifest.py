@@ -3,7 +3,8 @@
 A manifest names every blob by SHA-256; its canonical JSON (sorted keys, no spaces, UTF-8) hashes
 to the bundle id. Unknown fields are refused, so a manifest from a newer schema fails loudly, and
 ``schema_version`` changes with any change that re-encodes an existing manifest differently (its
-id would no longer match). Version 2 added `PytestContext` (the ``pytest`` field).
+id would no longer match). Version 2 added `PytestContext` (the ``pytest`` field). The command's
+arguments, directory and environment are `OsStr`: bytes that are not UTF-8 survive as marked escapes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flaketriage.errors import BundleError
+from flaketriage.os_strings import OsStr
 
 SCHEMA_VERSION = 2
+MAX_NESTING = 64
+"""The deepest a manifest's JSON may nest: real ones nest a few levels (annotations a few more)."""
 
 
 class _Model(BaseModel):
@@ -32,12 +36,27 @@ class BlobRef(_Model):
 
 
 class FileEntry(_Model):
-    """One file of a tree: a POSIX path relative to the tree's root, its blob and mode."""
+    """One file of a tree: a POSIX path relative to the tree's root, its blob and mode.
 
-    path: str
+    A symbolic link is kept as a link when it points inside the workspace: `link` is its target
+    and the blob holds the target's text, as git stores links. Paths keep bytes that are not UTF-8
+    (`OsStr`), so a file is restored under exactly the name it had.
+    """
+
+    path: OsStr
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
     executable: bool = False
+    link: OsStr | None = None
+    """For a symbolic link: its target, a relative path that never leaves the workspace (restore
+    refuses any other)."""
+
+
+class ExcludedFile(_Model):
+    """A file left out of the bundle on purpose (a credential file, a link out of the workspace)."""
+
+    path: OsStr
+    reason: str
 
 
 class Source(_Model):
@@ -47,33 +66,41 @@ class Source(_Model):
     commit: str | None = None
     branch: str | None = None
     remote: str | None = None
-    repo_path: str | None = None
+    repo_path: OsStr | None = None
     """Absolute path of the repository (or snapshot) root on the capturing machine."""
-    subdir: str = "."
+    subdir: OsStr = "."
     """The command's working directory, relative to the root."""
     diff: BlobRef | None = None
-    """``git diff --binary HEAD``: tracked changes that were not committed."""
+    """``git diff --binary HEAD``: tracked changes that were not committed (credential files left
+    out, secrets in added lines masked)."""
     files: tuple[FileEntry, ...] = ()
     """Untracked, non-ignored files (git) or every file of the snapshot."""
-    skipped: tuple[str, ...] = ()
+    skipped: tuple[OsStr, ...] = ()
     """Files left out because they passed the size cap."""
+    excluded: tuple[ExcludedFile, ...] = ()
+    """Files never captured: credential files and links that point out of the workspace."""
+    masked: tuple[OsStr, ...] = ()
+    """Files stored (or diffed) with secret values replaced by ``[REDACTED]``: a replay runs the
+    masked copy, which may be why it fails differently."""
 
 
 class Command(_Model):
     """What ran, where, and with which (redacted) environment."""
 
-    argv: tuple[str, ...]
-    cwd: str
-    env: dict[str, str] = Field(default_factory=dict)
+    argv: tuple[OsStr, ...]
+    cwd: OsStr
+    env: dict[OsStr, OsStr] = Field(default_factory=dict)
+    """Arguments, the directory and environment keep bytes that are not UTF-8 (`OsStr`), so a
+    replay passes the exact bytes the original run got."""
     timeout_s: float | None = None
 
 
 class Seeds(_Model):
     """Every seed in force. ``PYTHONHASHSEED`` is chosen by flaketriage when the run left it unset."""
 
-    python_hash_seed: str | None = None
+    python_hash_seed: OsStr | None = None
     python_hash_seed_chosen: bool = False
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[OsStr, OsStr] = Field(default_factory=dict)
     """Seeds passed through environment variables named with ``--seed-env``."""
     values: dict[str, int | str] = Field(default_factory=dict)
     """Seeds reported by the program itself (pytest-randomly, guards: python, numpy, torch, cuda)."""
@@ -116,7 +143,7 @@ class Failure(_Model):
 class DataInput(_Model):
     """A declared, reducible input restored at the same path (relative to the cwd) on replay."""
 
-    path: str
+    path: OsStr
     format: Literal["csv", "jsonl", "npy", "dir"]
     items: int = Field(ge=0)
     """How many reducible units it holds: rows, lines, first-axis entries or directory entries."""
@@ -124,6 +151,9 @@ class DataInput(_Model):
     blob: BlobRef | None = None
     files: tuple[FileEntry, ...] = ()
     """For a directory: its files, paths relative to the directory."""
+    excluded: tuple[ExcludedFile, ...] = ()
+    """For a directory: files never captured (credential files, links out of the working
+    directory), paths relative to the directory."""
 
 
 class GPU(_Model):
@@ -261,6 +291,14 @@ class Manifest(_Model):
             add(self.checkpoint.sha256, self.checkpoint.size)
         return list(refs.values())
 
+    def excluded_files(self) -> list[ExcludedFile]:
+        """Every file left out on purpose: the source's, then each data directory's (named by its
+        path under the working directory)."""
+        out = list(self.source.excluded)
+        for d in self.data:
+            out += [e.model_copy(update={"path": f"{d.path}/{e.path}"}) for e in d.excluded]
+        return out
+
     @classmethod
     def from_json(cls, raw: bytes, where: str = "manifest") -> Manifest:
         """Parse a manifest, with an error that says which field was wrong."""
@@ -268,6 +306,15 @@ class Manifest(_Model):
             data = json.loads(raw)
         except ValueError as exc:
             raise BundleError(f"{where} is not valid JSON ({exc}); the store may be damaged") from exc
+        except RecursionError as exc:
+            raise BundleError(
+                f"{where} is nested too deeply to read; the store is damaged or hostile"
+            ) from exc
+        if _nested_deeper_than(data, MAX_NESTING):
+            raise BundleError(
+                f"{where} nests its JSON more than {MAX_NESTING} levels deep (a real one is a few levels "
+                "deep); the store is damaged or hostile, re-capture the failure"
+            )
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version is not None and version != SCHEMA_VERSION:
             older = isinstance(version, int) and version < SCHEMA_VERSION
@@ -277,9 +324,31 @@ class Manifest(_Model):
                 else "upgrade flaketriage to read it"
             )
             raise BundleError(
-                f"{where} has schema_version {version!r}, this flaketriage reads {SCHEMA_VERSION}; {advice}"
+                f"{where} has schema_version {version!r:.40}, this flaketriage reads {SCHEMA_VERSION}; "
+                f"{advice}"
             )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise BundleError(f"{where} is not a valid bundle manifest: {exc}") from exc
+            raise BundleError(f"{where} is not a valid bundle manifest: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: ValidationError) -> str:
+    """The first problems of a validation error, on one line, without the (perhaps huge) input."""
+    errors = exc.errors(include_url=False, include_input=False)
+    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'manifest'}: {e['msg']}" for e in errors[:3])
+    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
+
+
+def _nested_deeper_than(data: object, limit: int) -> bool:
+    """Whether parsed JSON nests lists and objects more than `limit` levels (checked without recursion)."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

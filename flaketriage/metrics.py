@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from flaketriage.errors import MetricsFileError
 from flaketriage.manifest import MetricBound
 from flaketriage.normalize import strip_ansi
 
@@ -24,8 +25,12 @@ def read_metrics(
 
     Output lines may read ``loss=3.2``, ``loss: 3.2``, ``step 5 loss=inf``, ``{'loss': 0.5}`` or
     ``loss=tensor(0.5)``; ``val_loss`` and ``train/loss`` are not ``loss``. The file is one JSON
-    object of name → number, or JSON Lines of such objects; a missing file or an unreadable line
-    (a run killed mid-write) is skipped. Where both have a value, the file wins.
+    object of name → number, or JSON Lines of such objects; an unreadable line (a run killed
+    mid-write) is skipped. Where both have a value, the file wins.
+
+    Raises `MetricsFileError` when the file is missing, is not a readable file (a directory, no
+    permission), or holds no JSON object at all: its criteria cannot be evaluated, and an
+    unevaluated criterion must never read as a pass.
     """
     wanted = list(dict.fromkeys(names))
     text = strip_ansi(stdout)
@@ -51,8 +56,12 @@ def read_metrics(
 def _metric_records(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
+    except FileNotFoundError as exc:
+        raise MetricsFileError(str(path), "missing", "no such file") from exc
+    except OSError as exc:
+        raise MetricsFileError(str(path), "unreadable", exc.strerror or str(exc)) from exc
+    if not text.strip():
+        raise MetricsFileError(str(path), "empty", "the file is empty")
     try:
         docs = [json.loads(text)]
     except ValueError:
@@ -64,7 +73,10 @@ def _metric_records(path: Path) -> list[dict[str, Any]]:
                 continue
     if len(docs) == 1 and isinstance(docs[0], list):
         docs = docs[0]
-    return [doc for doc in docs if isinstance(doc, dict)]
+    records = [doc for doc in docs if isinstance(doc, dict)]
+    if not records:
+        raise MetricsFileError(str(path), "not-json", "no line of it is a JSON object")
+    return records
 
 
 def _as_float(value: object) -> float | None:

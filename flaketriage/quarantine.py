@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
+from datetime import datetime
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -137,3 +138,33 @@ def _summary(exc: ValidationError, most: int = 3) -> str:
     parts = [(".".join(str(p) for p in e["loc"]) or "document") + f": {e['msg']}" for e in errors[:most]]
     more = f" (and {len(errors) - most} more)" if len(errors) > most else ""
     return "; ".join(parts) + more
+
+
+def refreshed_entry(
+    old: QuarantineEntry | None,
+    *,
+    fingerprint: str,
+    test_id: str | None,
+    command: str,
+    bundle_id: str,
+    evidence: QuarantineEvidence,
+    reason: str,
+    issue_url: str | None,
+    now: datetime,
+) -> QuarantineEntry:
+    """A new entry, or `old` refreshed: new evidence and reason, the bundle added, one more
+    occurrence; `issue_url` None keeps the old link, and the quarantine keeps its first date."""
+    bundles = old.bundles if old is not None else ()
+    return QuarantineEntry(
+        fingerprint=fingerprint,
+        test_id=test_id,
+        reason=reason,
+        evidence=evidence,
+        command=command,
+        bundle_id=bundle_id,
+        bundles=bundles if bundle_id in bundles else (*bundles, bundle_id),
+        occurrences=(old.occurrences if old is not None else 0) + 1,
+        issue_url=issue_url or (old.issue_url if old is not None else None),
+        quarantined_at=old.quarantined_at if old is not None else now,
+        updated_at=now,
+    )

@@ -3,7 +3,8 @@
 A value is secret when its variable or option *name* says so (``GITHUB_TOKEN``, ``--password``), when
 it has the shape of a known credential (``ghp_...``, ``AKIA...``, a PEM private key, a JWT, the password
 of ``scheme://user:password@host``), or when it is the exact value of a secret environment variable
-that :meth:`Redactor.redact_env` has already seen.
+that :meth:`Redactor.redact_env` has already seen. Source code is masked by value only
+(:meth:`Redactor.redact_values`): there a secret-sounding name is usually a parameter, not a secret.
 """
 
 from __future__ import annotations
@@ -233,6 +234,12 @@ class Redactor:
         """``text`` with credentials, secret assignments and known secret values masked."""
         return self._redact(text, use_known=True)[0]
 
+    def redact_values(self, text: str) -> str:
+        """``text`` with credentials of a known shape and known secret values masked, but not the
+        values of secret-sounding names: for source code, where ``password: str`` is a parameter
+        and ``session = Session()`` an object, and masking them would break the program."""
+        return self._redact(text, use_known=True, by_name=False)[0]
+
     def redact_argv(self, argv: Sequence[str]) -> tuple[str, ...]:
         """Each argument redacted as text, and the argument after a bare secret option masked.
 
@@ -261,12 +268,12 @@ class Redactor:
             self._known.add(value)
             self._known_pattern = None
 
-    def _redact(self, text: str, *, use_known: bool) -> tuple[str, list[str]]:
+    def _redact(self, text: str, *, use_known: bool, by_name: bool = True) -> tuple[str, list[str]]:
         found: list[str] = []
         # Masking changes what surrounds other text (a lookbehind may now see "]"), so repeat to a
         # fixpoint: that is what makes redaction idempotent.
         for _ in range(_MAX_PASSES):
-            spans = self._spans(text, use_known=use_known)
+            spans = self._spans(text, use_known=use_known, by_name=by_name)
             if not spans:
                 break
             found.extend(text[s.start : s.end] for s in spans if text[s.start : s.end] != MASK)
@@ -276,15 +283,15 @@ class Redactor:
             text = masked
         return text, found
 
-    def _spans(self, text: str, *, use_known: bool) -> list[_Span]:
+    def _spans(self, text: str, *, use_known: bool, by_name: bool = True) -> list[_Span]:
         spans: list[_Span] = []
-        for pattern in (*self._patterns, _COOKIE_HEADER):
+        for pattern in (*self._patterns, _COOKIE_HEADER) if by_name else self._patterns:
             for match in pattern.finditer(text):
                 group = "secret" if "secret" in pattern.groupindex else 0
                 if match.group(group):
                     spans.append(_Span(match.start(group), match.end(group)))
         covered = 0
-        for match in _ASSIGNMENT.finditer(text):
+        for match in _ASSIGNMENT.finditer(text) if by_name else ():
             # Inside a value already masked, a nested assignment adds nothing, and skipping it keeps
             # chains like "password=password=..." linear.
             if match.start() < covered or not self.is_secret_name(match.group("name")):

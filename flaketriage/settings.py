@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         "or `memory://NAME` (one store per name, shared within a process); `s3://bucket/prefix` once "
         "the S3 backend ships (until then opening it is an error that says so).",
     )
+    store_shared: bool = Field(
+        default=False,
+        description="Whether a local store is shared by a team: objects and directories it creates are "
+        "then readable by the group (files 0640, directories 2770) instead of by their owner only "
+        "(0600, 0700). Set it the same for every process that writes to the store.",
+    )
     issues_dir: Path | None = Field(
         default=None,
         description="Where Markdown issues are written (set it when the store is not a directory). "
@@ -54,7 +60,7 @@ class Settings(BaseSettings):
         default="auto",
         description="Replay isolation: `bwrap` (bubblewrap namespaces: no network, the original "
         "workspace hidden), `process` (a plain subprocess in a fresh directory), or `auto` "
-        "(bwrap when installed).",
+        "(bwrap when installed, else `process` with a warning at every triage).",
     )
     replay_timeout_s: float = Field(
         default=DEFAULT_REPLAY_TIMEOUT_S,
@@ -138,6 +144,89 @@ class Settings(BaseSettings):
         ge=1,
         description="Lines of a failure's stderr shown at the end of an issue.",
     )
+    # -- the service ----------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        description="The service's records: `sqlite:///path.db` or `postgresql://user@host:5432/db`. "
+        "Default: `sqlite:///<store>/service.db`.",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="The Celery broker: `redis://host:6379/0`. Default: a durable local broker in "
+        "`<store>/broker.db` (SQLite, for one machine).",
+    )
+    allowed_stores: list[str] | None = Field(
+        default=None,
+        description="Stores the service may read bundles from, as a JSON list of URLs; an event naming "
+        "any other is refused with 422. Default: `[FLAKETRIAGE_STORE]`.",
+    )
+    github_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="The secret of the GitHub webhook (`X-Hub-Signature-256`); unset: GitHub "
+        "deliveries are refused.",
+    )
+    sentry_client_secret: SecretStr | None = Field(
+        default=None,
+        description="The Sentry integration's client secret (`Sentry-Hook-Signature`); unset: Sentry "
+        "hooks are refused.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="When set, the service's reads (`/v1/cases`, `/v1/quarantine`) need "
+        "`Authorization: Bearer <token>`, and the CI side sends it.",
+    )
+    max_body_kb: int = Field(
+        default=1024, ge=1, description="Largest request body the service accepts (larger: 413)."
+    )
+    retriage_after_h: float = Field(
+        default=168.0,
+        gt=0,
+        description="A known failure is triaged again when its last triage is older than this.",
+    )
+    storm_window_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Failures of one cause (same exception and message, any test) reported within "
+        "this long of a triage share it instead of starting their own.",
+    )
+    replay_batch: int = Field(
+        default=6,
+        ge=1,
+        description="Replays the service sends out at once for one triage (they run in parallel on "
+        "the workers).",
+    )
+    sweep_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Work recorded as sent but not started after this long is sent again (its "
+        "message was lost).",
+    )
+    broker_visibility_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="With Redis: a task a worker took but never acknowledged (the worker died) is handed "
+        "to another after this long. Steps hold their work by a lease, so a slow task handed out twice "
+        "still runs once.",
+    )
+    rerun_every_s: float = Field(
+        default=21600.0,
+        gt=0,
+        description="How often quarantined failures are replayed in isolation to see whether they are fixed.",
+    )
+    telemetry_every_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="How often `not_reproduced` cases get a longer telemetry run.",
+    )
+    gc_every_s: float = Field(
+        default=86400.0, gt=0, description="How often the service collects unreferenced store objects."
+    )
+    gc_older_than_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="The service's garbage collection drops bundles older than this that no open case "
+        "or quarantine entry references.",
+    )
 
     @field_validator("store", mode="before")
     @classmethod
@@ -166,6 +255,20 @@ class Settings(BaseSettings):
 
     def resolved_outbox_dir(self) -> Path:
         return self._beside_store(self.outbox_dir, "outbox", "outbox_dir")
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return "sqlite:///" + str(self._beside_store(None, "service.db", "database_url").absolute())
+
+    def resolved_broker_url(self) -> str:
+        """The broker URL; the embedded default is ``sqla+sqlite:///<store>/broker.db``."""
+        if self.broker_url:
+            return self.broker_url
+        return "sqla+sqlite:///" + str(self._beside_store(None, "broker.db", "broker_url").absolute())
+
+    def resolved_allowed_stores(self) -> list[str]:
+        return list(self.allowed_stores) if self.allowed_stores is not None else [self.store]
 
     def _beside_store(self, explicit: Path | None, name: str, field: str) -> Path:
         """`explicit`, else ``<store>/<name>``, which only a local store has."""
@@ -218,6 +321,8 @@ def _problem(error: Any, overrides: dict[str, Any]) -> str:
 
 def _shown(value: object) -> str:
     text = str(value)
+    if len(text) > 100:  # shown by its ends, so the message stays one readable line
+        return repr(f"{text[:60]}…{text[-20:]}") + f" ({len(text)} characters)"
     return text if text and text.strip() == text and " " not in text else repr(text)
 
 

@@ -2,6 +2,8 @@
 
 The command's output is streamed live and its exit code passed through; on failure the bundle is
 written blobs first, manifest last, so an interrupted capture leaves no half-written bundle.
+Declared data is checked and stored before the command runs (it may rewrite or delete its input),
+and once the command has run its failure is either in a bundle or in `CaptureResult.error`.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from flaketriage.bundle import write_bundle
 from flaketriage.child_process import ProcessResult, run_command
@@ -21,7 +23,7 @@ from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.sentry import after_capture
 from flaketriage.ci.source import CAPTURE_GIT, SourceLimits, SourcePlan, capture_source, plan_source
-from flaketriage.errors import DatasetError
+from flaketriage.errors import DatasetError, FlaketriageError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.manifest import (
     BlobRef,
@@ -33,11 +35,13 @@ from flaketriage.manifest import (
     PytestContext,
     Seeds,
 )
-from flaketriage.metrics import read_metrics
 from flaketriage.redaction import Redactor
 from flaketriage.settings import load_settings
 from flaketriage.store import Store
 from flaketriage.stored_files import relative_to_cwd, store_data_input
+
+if TYPE_CHECKING:
+    from flaketriage.datasets import DataFormat
 
 HASH_SEED_VAR = "PYTHONHASHSEED"
 
@@ -67,56 +71,77 @@ class CaptureResult:
     process: ProcessResult
     failure: FailureInfo | None
     bundle_id: str | None
+    error: str | None = None
+    """Why the run has no bundle although it ran: writing the bundle (or judging the run) failed.
+    None when the bundle was written or the run passed."""
 
     @property
     def failed(self) -> bool:
         return self.failure is not None
 
 
-def validate_data(request: CaptureRequest) -> list[tuple[Path, str]]:
-    """Check every ``--data`` path before the command runs, so a typo costs nothing."""
-    from flaketriage.datasets import detect_format
+@dataclass(frozen=True)
+class CheckedData:
+    """A ``--data`` input that was read through once before the run: its format and item count."""
 
-    checked: list[tuple[Path, str]] = []
+    path: Path
+    rel: str
+    format: DataFormat
+    items: int
+
+
+def validate_data(request: CaptureRequest) -> list[CheckedData]:
+    """Read every ``--data`` input through before the command runs (format, readability, items),
+    so a typo or a broken file costs nothing. Raises `DatasetError`."""
+    from flaketriage.datasets import count_items, detect_format
+
+    checked: list[CheckedData] = []
     for raw in request.data:
         path = raw if raw.is_absolute() else request.cwd / raw
         if not path.exists():
             raise DatasetError(f"--data {raw}: no such file or directory (looked in {request.cwd})")
-        detect_format(path)
-        checked.append((path, relative_to_cwd(path, request.cwd)))
+        rel = relative_to_cwd(path, request.cwd)
+        fmt = detect_format(path)
+        checked.append(CheckedData(path, rel, fmt, count_items(path, fmt)))
     return checked
 
 
-def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | None = None) -> CaptureResult:
-    """Run the command; on failure write a bundle and return its id."""
+def _warn_on_stderr(message: str) -> None:
+    print(f"flaketriage: warning: {message}", file=sys.stderr, flush=True)
+
+
+def run_and_capture(
+    store: Store,
+    request: CaptureRequest,
+    redactor: Redactor | None = None,
+    warn: Callable[[str], None] = _warn_on_stderr,
+) -> CaptureResult:
+    """Run the command; on failure write a bundle and return its id.
+
+    Raises before the command runs (bad data, a store that cannot take the data); once it has run,
+    nothing raises: a bundle that cannot be written is `CaptureResult.error`, so the caller can
+    say why and still exit with the command's status. `warn` hears about inputs with no items.
+    """
+    from flaketriage.datasets import empty_note
+
     data = validate_data(request)
+    for checked in data:
+        note = empty_note(checked.rel, checked.format, checked.items)
+        if note is not None:
+            warn(note)
     env = dict(os.environ if request.env is None else request.env)
     seeds = _choose_seeds(env, request.seed_env)
     plan = plan_source(request.cwd, snapshot=request.snapshot)
+    # Stored now, as the command is about to read them: one that rewrites or deletes its input
+    # still leaves a bundle holding what it read. Streamed, so memory does not grow with the data.
+    inputs = _store_inputs(store, data, request.cwd)
     result = run_command(request.argv, request.cwd, env, request.timeout_s, echo=request.echo)
-    roots = [str(request.cwd.resolve())]
-    repo = CAPTURE_GIT.root(request.cwd)
-    if repo is not None:
-        roots.append(str(repo))
-    metrics = None
-    if request.criteria.metrics:
-        metrics_file = request.cwd / request.criteria.metrics_file if request.criteria.metrics_file else None
-        metrics = read_metrics(result.stdout, [m.name for m in request.criteria.metrics], metrics_file)
-    info = fingerprint_failure(
-        exit_code=result.exit_code,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        roots=roots,
-        criteria=request.criteria,
-        metrics=metrics,
-        timed_out=result.timed_out,
-    )
-    if info is None:
-        return CaptureResult(process=result, failure=None, bundle_id=None)
-    redactor = redactor or Redactor()
-    manifest = _build_manifest(
-        store,
-        _Pieces(
+    info: FailureInfo | None = None
+    try:
+        info = _judge(request, result)
+        if info is None:
+            return CaptureResult(process=result, failure=None, bundle_id=None)
+        pieces = _Pieces(
             argv=request.argv,
             cwd=request.cwd,
             kind=request.kind,
@@ -131,12 +156,62 @@ def run_and_capture(store: Store, request: CaptureRequest, redactor: Redactor | 
             stderr=result.stderr,
             duration_s=result.duration_s,
             timeout_s=request.timeout_s or max(60.0, 10 * result.duration_s),
-            inputs=tuple(store_data_input(store, path, rel) for path, rel in data),
+            inputs=inputs,
             annotations=dict(request.annotations),
-        ),
-        redactor,
+        )
+        _put_back_collected(store, data, inputs)
+        bundle_id = write_bundle(store, _build_manifest(store, pieces, redactor or Redactor()))
+    except Exception as exc:  # the command has run: say why there is no bundle, never lose its status
+        why = str(exc) if isinstance(exc, FlaketriageError) else f"{type(exc).__name__}: {exc}"
+        return CaptureResult(process=result, failure=info, bundle_id=None, error=why)
+    return CaptureResult(process=result, failure=info, bundle_id=bundle_id)
+
+
+def _store_inputs(store: Store, data: Sequence[CheckedData], cwd: Path) -> tuple[DataInput, ...]:
+    stored = []
+    for checked in data:
+        try:
+            stored.append(
+                store_data_input(store, checked.path, checked.rel, items=checked.items, workspace=cwd)
+            )
+        except OSError as exc:
+            raise DatasetError(
+                f"cannot store data input {checked.path} before running the command "
+                f"({exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}); make it "
+                "readable and the store writable, or leave it out of --data"
+            ) from exc
+    return tuple(stored)
+
+
+def _put_back_collected(store: Store, data: Sequence[CheckedData], inputs: tuple[DataInput, ...]) -> None:
+    """Store again the inputs whose blobs a garbage collection removed while a long command ran
+    (nothing referenced them yet); only from files that still hold exactly the bytes stored."""
+    for checked, stored in zip(data, inputs, strict=True):
+        refs = [stored.blob.sha256] if stored.blob else [f.sha256 for f in stored.files]
+        if all(store.has(ref) for ref in refs):
+            continue
+        if store_data_input(store, checked.path, checked.rel, items=checked.items) != stored:
+            raise DatasetError(
+                f"the copy of --data {checked.rel} stored before the run was removed from the store "
+                "during it (garbage collection of unreferenced objects), and the file has changed "
+                "since; capture again, or collect garbage with a grace period longer than the run"
+            )
+
+
+def _judge(request: CaptureRequest, result: ProcessResult) -> FailureInfo | None:
+    roots = [str(request.cwd.resolve())]
+    repo = CAPTURE_GIT.root(request.cwd)
+    if repo is not None:
+        roots.append(str(repo))
+    return fingerprint_failure(
+        exit_code=result.unwrapped_exit_code,  # a shell's 128 + N is death by signal N
+        stdout=result.stdout,
+        stderr=result.stderr,
+        roots=roots,
+        criteria=request.criteria,
+        timed_out=result.timed_out,
+        metrics_dir=request.cwd,
     )
-    return CaptureResult(process=result, failure=info, bundle_id=write_bundle(store, manifest))
 
 
 def record_failure(
@@ -248,6 +323,7 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
         p.plan,
         p.limits,
         exclude=[Path(store.location)] if not store.location.startswith("memory:") else [],
+        redactor=redactor,
     )
     logs: dict[str, BlobRef] = {
         "stdout": store.put_bytes(redactor.redact_text(p.stdout).encode()),

@@ -10,6 +10,8 @@ from flaketriage.manifest import Provenance
 
 def detect_provenance(env: Mapping[str, str]) -> Provenance:
     """Read the CI provider's own variables; outside CI only the host is known."""
+    # Provenance is for people to read, never replayed: bytes that are not UTF-8 become U+FFFD.
+    env = {k: v.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for k, v in env.items()}
     host = socket.gethostname()
     if env.get("GITHUB_ACTIONS") == "true":
         server = env.get("GITHUB_SERVER_URL", "https://github.com")

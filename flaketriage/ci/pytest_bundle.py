@@ -188,7 +188,7 @@ class SessionCapture:
     """Writes one bundle per failing test into the store; the source is listed once per session."""
 
     def __init__(self, store_url: str, facts: SessionFacts, settings: Settings) -> None:
-        self.store = open_store(store_url)
+        self.store = open_store(store_url, shared=settings.store_shared)
         self.facts = facts
         self.settings = settings
         self._plan: SourcePlan | None = None

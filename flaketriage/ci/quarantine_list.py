@@ -8,6 +8,7 @@ the service is unreachable: reading the list never fails a CI run, it only adds 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -70,10 +71,17 @@ def load_quarantine(
     settings: Settings,
     store_dir: Path,
     *,
-    fetch: Fetch = fetch_url,
+    fetch: Fetch | None = None,
     now: Callable[[], float] = time.time,
 ) -> tuple[QuarantineList, list[str]]:
-    """The quarantine list to enforce, and notes for the session summary (never raises)."""
+    """The quarantine list to enforce, and notes for the session summary (never raises).
+
+    The service's list is fetched with ``Authorization: Bearer <FLAKETRIAGE_API_TOKEN>`` when that
+    setting is set (the service then requires it).
+    """
+    if fetch is None:
+        token = settings.api_token.get_secret_value() if settings.api_token else ""
+        fetch = functools.partial(fetch_url, headers={"Authorization": f"Bearer {token}"} if token else None)
     if settings.quarantine_url:
         return _from_service(settings, store_dir, fetch, now)
     path = settings.quarantine_file or store_dir / "quarantine.json"

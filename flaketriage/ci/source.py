@@ -3,23 +3,28 @@
 In a git repository the bundle records the commit, the remote, ``git diff --binary HEAD`` and the
 untracked, non-ignored files; elsewhere (or with ``--snapshot``) every file of the working
 directory that .gitignore does not exclude, within size caps. Git runs through `flaketriage.git.Git`
-(`CAPTURE_GIT` unless the caller passes its own).
+(`CAPTURE_GIT` unless the caller passes its own). What the files may hold is `TreeCapture`'s to
+decide (links, credential files, masked secrets); the diff leaves credential files out and has the
+secrets of its added lines masked.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from flaketriage.git import Git
-from flaketriage.manifest import FileEntry, Source
+from flaketriage.manifest import ExcludedFile, FileEntry, Source
+from flaketriage.redaction import Redactor
+from flaketriage.secret_files import CREDENTIAL_REASON, is_credential_file, mask_patch
 from flaketriage.settings import Settings
 from flaketriage.store import Store
-from flaketriage.stored_files import store_file
+from flaketriage.stored_files import TreeCapture
 
 ALWAYS_SKIPPED = {".git", ".flaketriage", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
@@ -81,9 +86,9 @@ def _stat_all(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
             continue
         path = root / name
         try:
-            if path.is_symlink() or not path.is_file():
+            st = path.lstat()  # a link is listed as a link: `TreeCapture` decides what it becomes
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 continue
-            st = path.stat()
         except OSError:
             continue
         out[name] = (st.st_size, st.st_mtime_ns)
@@ -96,16 +101,27 @@ def capture_source(
     limits: SourceLimits,
     exclude: Iterable[Path] = (),
     git: Git = CAPTURE_GIT,
+    redactor: Redactor | None = None,
 ) -> Source:
-    """Store what the plan listed, as it was before the run (files changed since are skipped)."""
+    """Store what the plan listed, as it was before the run (files changed since are skipped).
+
+    Secrets in text files and in the diff are masked with `redactor` (default: a fresh one).
+    """
     excluded = {p.resolve() for p in exclude}
-    files, skipped = _store_files(store, plan, limits, excluded)
+    tree = TreeCapture(store, plan.root, redactor or Redactor())
+    files, skipped = _store_files(tree, plan, limits, excluded)
     if plan.kind == "snapshot":
         return Source(
-            kind="snapshot", repo_path=str(plan.root), subdir=".", files=tuple(files), skipped=tuple(skipped)
+            kind="snapshot",
+            repo_path=str(plan.root),
+            subdir=".",
+            files=tuple(files),
+            skipped=tuple(skipped),
+            excluded=tuple(tree.excluded),
+            masked=tuple(dict.fromkeys(tree.masked)),
         )
     root = plan.root
-    diff = git.try_run(["diff", "--binary", "HEAD"], root)
+    diff = _diff(tree, root, git)
     remote = git.try_text(["remote", "get-url", "origin"], root) or None
     return Source(
         kind="git",
@@ -117,7 +133,31 @@ def capture_source(
         diff=store.put_bytes(diff) if diff else None,
         files=tuple(files),
         skipped=tuple(skipped),
+        excluded=tuple(tree.excluded),
+        masked=tuple(dict.fromkeys(tree.masked)),
     )
+
+
+def _diff(tree: TreeCapture, root: Path, git: Git) -> bytes | None:
+    """``git diff --binary HEAD`` without credential files, its added lines masked (`mask_patch`)."""
+    changed = git.try_run(["diff", "--name-only", "-z", "HEAD"], root) or b""
+    secret = [
+        n for n in changed.decode("utf-8", "surrogateescape").split("\0") if n and is_credential_file(n)
+    ]
+    tree.excluded += [
+        ExcludedFile(path=n, reason=CREDENTIAL_REASON + " (its uncommitted changes are left out)")
+        for n in secret
+    ]
+    # Fixed prefixes and no colour, whatever the user's configuration: the diff must apply.
+    args = ["diff", "--binary", "--no-color", "--no-ext-diff", "--src-prefix=a/", "--dst-prefix=b/", "HEAD"]
+    if secret:
+        args += ["--", ".", *(f":(exclude,literal){n}" for n in secret)]
+    diff = git.try_run(args, root)
+    if not diff:
+        return None
+    masked, paths = mask_patch(tree.redactor or Redactor(), diff)
+    tree.masked += paths
+    return masked
 
 
 def _walk_with_gitignore(root: Path) -> list[str]:
@@ -136,7 +176,10 @@ def _walk_with_gitignore(root: Path) -> list[str]:
             for d in dirnames
             if d not in ALWAYS_SKIPPED and not spec.match_file(os.path.join(rel_dir, d) + "/")
         )
-        for name in sorted(filenames):
+        # A linked directory is listed like a file (as a link), never entered.
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in sorted([*filenames, *links]):
             rel = os.path.normpath(os.path.join(rel_dir, name))
             if not spec.match_file(rel):
                 names.append(rel)
@@ -144,18 +187,18 @@ def _walk_with_gitignore(root: Path) -> list[str]:
 
 
 def _store_files(
-    store: Store, plan: SourcePlan, limits: SourceLimits, excluded: set[Path]
+    tree: TreeCapture, plan: SourcePlan, limits: SourceLimits, excluded: set[Path]
 ) -> tuple[list[FileEntry], list[str]]:
     files: list[FileEntry] = []
     skipped: list[str] = []
     total = 0
     for name, (size, mtime) in sorted(plan.files.items()):
         path = plan.root / name
-        resolved = path.resolve()
+        resolved = path.parent.resolve() / path.name  # a link is judged where it is, not where it points
         if any(resolved == ex or ex in resolved.parents for ex in excluded):
             continue
         try:
-            st = path.stat()
+            st = path.lstat()
         except OSError:
             skipped.append(f"{name} (deleted during the run)")
             continue
@@ -166,5 +209,6 @@ def _store_files(
             skipped.append(name)
             continue
         total += size
-        files.append(store_file(store, path, name))
+        entry = tree.add(path, Path(name).as_posix())
+        files += [entry] if entry is not None else []
     return files, skipped

@@ -6,11 +6,10 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
-from flaketriage import __version__
-from flaketriage.cli import bundles, notify, run
-from flaketriage.cli.console import err
+from flaketriage import __version__, interrupts
+from flaketriage.cli import bundles, notify, run, service
+from flaketriage.cli.console import err, labelled
 from flaketriage.errors import FlaketriageError
 
 app = typer.Typer(
@@ -24,6 +23,9 @@ app.add_typer(bundles.app, name="bundle")
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
 app.command()(run.triage)
 app.command()(notify.notify)
+app.command()(service.serve)
+app.command()(service.worker)
+app.command()(service.beat)
 
 
 def _version(value: bool) -> None:
@@ -52,12 +54,17 @@ def demo(
 
 
 def main() -> None:
-    """Console-script entry point: flaketriage errors become one red line and exit status 2."""
+    """Console-script entry point: flaketriage errors become one red line and exit status 2;
+    SIGINT, SIGTERM and SIGHUP end the run cleanly with status 128 + N."""
+    interrupts.install()
     try:
         app()
     except FlaketriageError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        err.print(labelled("error:", "red", exc))  # one line, whatever the message holds
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except interrupts.Terminated as exc:
+        err.print(f"stopped by {exc.name}")
+        sys.exit(128 + exc.signum)

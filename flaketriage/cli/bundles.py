@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from flaketriage.bundle import describe_failure, list_bundles, load_manifest, verify_bundle
-from flaketriage.cli.console import JsonOption, StoreOption, err, out, settings_for
+from flaketriage.bundle import BundleIndex, describe_failure, load_manifest, read_index, verify_bundle
+from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, out, plain, settings_for
+from flaketriage.errors import StoreError
 from flaketriage.manifest import Manifest
+from flaketriage.os_strings import shell_join, shell_word
 from flaketriage.store import Store, local_path, open_store
 
 app = typer.Typer(help="Inspect, verify and export captured bundles.", no_args_is_help=True)
@@ -28,26 +28,36 @@ def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None
     """List bundles, newest first."""
     location = settings_for(store).store
     path = local_path(location)
-    missing = path is not None and not path.is_dir()  # no store yet: nothing captured here
-    summaries = [] if missing else list_bundles(open_store(location, readonly=True))
+    missing = path is not None and not _is_dir(path)  # no store yet: nothing captured here
+    index = BundleIndex() if missing else read_index(open_store(location, readonly=True))
+    for problem in index.problems:  # a damaged entry is said, and never hides the others
+        err.print(labelled("warning:", "yellow", problem))
+    summaries = index.bundles
     if as_json:
-        out.print_json(json.dumps([s.to_json() for s in summaries]))
+        out.print_json(json.dumps([s.to_json() for s in summaries]), ensure_ascii=True)
         return
     if not summaries:
-        err.print(f"no bundles in {path.absolute() if path is not None else location}")
+        err.print(plain(f"no bundles in {path.absolute() if path is not None else location}"))
         return
     table = Table(box=None, pad_edge=False)
     for col in ("id", "created", "command / test", "failure", "fingerprint"):
         table.add_column(col, overflow="fold")
     for s in summaries:
         table.add_row(
-            s.id[:12] + ("*" if s.parent else ""),
+            plain(s.id[:12] + ("*" if s.parent else "")),
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            s.test_id or s.command,
-            s.failure,
-            s.fingerprint[:12],
+            plain(s.test_id or s.command),
+            plain(s.failure),
+            plain(s.fingerprint[:12]),
         )
     out.print(table)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        raise StoreError(f"cannot open the store at {path}: {exc.strerror or exc}; pass --store") from exc
 
 
 def _show(manifest: Manifest) -> None:
@@ -56,7 +66,7 @@ def _show(manifest: Manifest) -> None:
         ("bundle", manifest.bundle_id),
         ("created", manifest.created_at.isoformat()),
         ("kind", manifest.kind),
-        ("command", shlex.join(manifest.command.argv)),
+        ("command", shell_join(manifest.command.argv)),
         ("cwd", manifest.command.cwd),
         ("failure", describe_failure(manifest)),
         ("fingerprint", f.fingerprint),
@@ -70,11 +80,18 @@ def _show(manifest: Manifest) -> None:
         rows.append(("uncommitted", f"diff: {'yes' if src.diff else 'no'}, {len(src.files)} untracked files"))
     else:
         rows.append(("source", f"{src.kind}, {len(src.files)} files"))
+    if src.masked:
+        masked = ", ".join(src.masked)
+        rows.append(("masked", f"{masked} (secrets replaced by [REDACTED]; replays run these copies)"))
+    left_out = manifest.excluded_files()
+    if left_out:
+        rows.append(("left out", "; ".join(f"{e.path}: {e.reason}" for e in left_out)))
     seeds = manifest.seeds
     seed_text = f"PYTHONHASHSEED={seeds.python_hash_seed}" + (
         " (chosen)" if seeds.python_hash_seed_chosen else ""
     )
-    seed_text += "".join(f", {k}={v}" for k, v in {**seeds.env, **seeds.values}.items())
+    seed_text += "".join(f", {shell_word(k)}={shell_word(v)}" for k, v in seeds.env.items())
+    seed_text += "".join(f", {k}={v}" for k, v in seeds.values.items())
     rows.append(("seeds", seed_text))
     for d in manifest.data:
         rows.append(("data", f"{d.path} ({d.format}, {d.items} items)"))
@@ -96,11 +113,11 @@ def _show(manifest: Manifest) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, plain(value))
     out.print(table)
     if f.traceback:
         out.print("\n[bold]traceback[/bold]")
-        out.print(f.traceback, markup=False)
+        out.print(plain(f.traceback, multiline=True))
 
 
 @app.command("show")
@@ -112,7 +129,7 @@ def show_command(
     """Show a readable summary of one bundle."""
     manifest = load_manifest(_readonly_store(store), bundle)
     if as_json:
-        out.print_json(manifest.canonical_json().decode())
+        out.print_json(manifest.canonical_json().decode(), ensure_ascii=True)
     else:
         _show(manifest)
 
@@ -121,13 +138,22 @@ def show_command(
 def verify_command(
     bundle: Annotated[str, typer.Argument(help="Bundle id or unique prefix.")], store: StoreOption = None
 ) -> None:
-    """Re-hash the manifest and every blob of a bundle; exit 1 when anything is wrong."""
+    """Check a bundle's index entry, manifest (schema, paths, commit) and every blob (re-hashed,
+    sizes); exit 1 when the bundle is damaged, 2 when no bundle has that id."""
     report = verify_bundle(_readonly_store(store), bundle)
     if report.ok:
         out.print(f"ok: bundle {report.bundle_id[:12]}, {report.blobs} blobs, {report.bytes} bytes verified")
         return
     for problem in report.problems:
-        err.print(f"[red]problem:[/red] {escape(problem)}")
+        err.print(labelled("problem:", "red", problem))
+    err.print(
+        labelled(
+            "error:",
+            "red",
+            f"bundle {report.bundle_id[:12]} is damaged: {len(report.problems)} problem(s) above; "
+            "re-capture the failure, or restore the store from a copy",
+        )
+    )
     raise typer.Exit(1)
 
 
@@ -144,4 +170,5 @@ def export_command(
     st = _readonly_store(store)
     manifest = load_manifest(st, bundle)
     path = export_bundle(st, manifest, manifest.bundle_id, dest, git=Git())
-    out.print(f"exported {manifest.bundle_id[:12]} to {path}; run it with: cd {path} && bash run.sh")
+    run = f"cd {shell_word(str(path))} && bash run.sh"
+    out.print(plain(f"exported {manifest.bundle_id[:12]} to {path}; run it with: {run}"))

@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
+from flaketriage.printable import printable
 from flaketriage.settings import Settings, load_settings
 
 # Results go to stdout (plain when piped); progress and diagnostics go to stderr.
@@ -25,6 +27,17 @@ StoreOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def plain(text: object, *, multiline: bool = False, style: str = "") -> Text:
+    """Captured text (a message, a path, a command, output) for rich: never read as markup or emoji
+    codes, control characters shown as escapes; on one line unless `multiline`."""
+    return Text(printable(str(text), keep_newlines=multiline), style=style)
+
+
+def labelled(label: str, style: str, text: object) -> Text:
+    """``label text`` on one line, the label styled and the text `plain` (``error: ...``)."""
+    return Text.assemble((label, style), " ", plain(text))
 
 
 def settings_for(store: str | None) -> Settings:

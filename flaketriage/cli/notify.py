@@ -76,7 +76,7 @@ def notify(
             err.print(f"[yellow]warning:[/yellow] {escape(secret_env)} is not set; events cannot be signed")
     notifier = Notifier.from_settings(settings, url=url, secret=secret, timeout_s=timeout, retries=retries)
 
-    st = open_store(settings.store)
+    st = open_store(settings.store, shared=settings.store_shared)
     where = StoreLocation.parse(location) if location else None
     ids = list(bundles or [])
     if new:

@@ -8,11 +8,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from flaketriage.child_process import shell_exit_code
-from flaketriage.cli.console import JsonOption, StoreOption, err, out, progress_bar, settings_for
+from flaketriage.child_process import check_timeout, shell_exit_code
+from flaketriage.cli.console import (
+    JsonOption,
+    StoreOption,
+    err,
+    labelled,
+    out,
+    plain,
+    progress_bar,
+    settings_for,
+)
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
+from flaketriage.printable import printable
 from flaketriage.store import open_store
 
 
@@ -45,7 +56,12 @@ def capture(
     store: StoreOption = None,
     as_json: JsonOption = False,
     data: Annotated[
-        list[Path] | None, typer.Option("--data", help="A reducible input (CSV, JSONL, .npy, directory).")
+        list[Path] | None,
+        typer.Option(
+            "--data",
+            help="A reducible input (CSV, JSONL, .npy, directory).",
+            readable=False,  # checked (and reported in one line) by the capture itself
+        ),
     ] = None,
     fail_pattern: Annotated[
         list[str] | None, typer.Option("--fail-pattern", help="Output matching this regex is a failure.")
@@ -66,9 +82,10 @@ def capture(
     from flaketriage.ci.capture import CaptureRequest, run_and_capture
     from flaketriage.ci.source import SourceLimits
 
+    check_timeout(timeout, "--timeout")
     settings = settings_for(store)
     criteria = criteria_from_options(fail_pattern or [], metric, above, below, metrics_file)
-    st = open_store(settings.store)
+    st = open_store(settings.store, shared=settings.store_shared)
     request = CaptureRequest(
         argv=command,
         cwd=Path.cwd(),
@@ -82,10 +99,20 @@ def capture(
     result = run_and_capture(st, request)
     code = shell_exit_code(result.process.exit_code)
     if result.failure is not None and code == 0:
-        code = 1  # a pattern or metric failure must fail the CI step too
+        code = 1  # a pattern or metric failure (or an unreadable metrics file) must fail the CI step too
+    failure = result.failure
+    if failure is not None and failure.signature.startswith("metric|file|"):
+        err.print(f"flaketriage: {printable(failure.detail or '')}", markup=False)
     if result.bundle_id:
-        kind = result.failure.kind if result.failure else ""
+        kind = failure.kind if failure else ""
         err.print(f"flaketriage: captured bundle {result.bundle_id} ({kind})")
+    if result.error is not None:
+        # The command ran: its status stands, and the user learns why nothing was captured.
+        seen = f"failed ({failure.kind}, exit {code})" if failure is not None else f"exited {code}"
+        err.print(
+            f"[red]error:[/red] the command {seen}, but flaketriage could not record it: "
+            f"{escape(printable(result.error))}; no bundle was written"
+        )
     if as_json:
         sys.stdout.flush()
         print(
@@ -94,6 +121,7 @@ def capture(
                     "bundle": result.bundle_id,
                     "exit_code": code,
                     "fingerprint": result.failure.fingerprint if result.failure else None,
+                    "error": result.error,
                 }
             )
         )
@@ -119,12 +147,13 @@ def triage(
     from flaketriage.workers.triage import triage as run_triage
     from flaketriage.workers.verdict import VerdictPolicy
 
+    check_timeout(timeout, "--timeout")
     settings = settings_for(store)
     if sandbox is not None:
         if sandbox not in ("auto", "bwrap", "process"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap or process")
         settings = settings.model_copy(update={"sandbox": sandbox})
-    st = open_store(settings.store)
+    st = open_store(settings.store, shared=settings.store_shared)
     policy = VerdictPolicy(
         min_rate=settings.min_flaky_rate,
         max_rate=settings.max_flaky_rate,
@@ -132,10 +161,14 @@ def triage(
         max_replays=max_replays or settings.max_replays,
         flaky_rate_replays=settings.flaky_rate_replays,
     )
+    replay_sandbox = make_sandbox(
+        settings.sandbox, warn=lambda msg: err.print(f"warning: {msg}", markup=False)
+    )
     with progress_bar() as bar:
         task = bar.add_task("replaying", total=policy.max_replays)
 
         def progress(msg: str, done: int, total: int) -> None:
+            msg = escape(printable(msg))  # the bar reads markup; a data path may hold brackets
             if total:
                 bar.update(task, description=msg, completed=done)
             else:
@@ -144,7 +177,7 @@ def triage(
         result = run_triage(
             st,
             bundle,
-            sandbox=make_sandbox(settings.sandbox),
+            sandbox=replay_sandbox,
             policy=policy,
             sink=MarkdownIssueSink(settings.resolved_issues_dir()),
             quarantine=Quarantine(settings.resolved_quarantine_file()),
@@ -169,7 +202,7 @@ def triage(
     )
     if result.polluters:
         search = data["polluter_search"]
-        out.print(f"order-dependent: fails after {' '.join(result.polluters)}", markup=False)
+        out.print(plain(f"order-dependent: fails after {' '.join(result.polluters)}"))
         out.print(
             f"  found among {search['preceding']} preceding tests in {search['replays']} replays "
             f"(confirmed {search['confirmations']} of {search['confirm_runs']})"
@@ -177,21 +210,24 @@ def triage(
     elif data["polluter_search"] and data["polluter_search"]["reproduced_in_order"]:
         search = data["polluter_search"]
         out.print(
-            f"  the original test order reproduced the failure, but the polluters found "
-            f"({' '.join(search['polluters'])}) did not confirm "
-            f"({search['confirmations']} of {search['confirm_runs']})",
-            markup=False,
+            plain(
+                f"  the original test order reproduced the failure, but the polluters found "
+                f"({' '.join(search['polluters'])}) did not confirm "
+                f"({search['confirmations']} of {search['confirm_runs']})"
+            )
         )
     for finding in result.findings:
-        out.print(f"  different failure ({finding.count}×): {finding.summary}", markup=False)
+        out.print(plain(f"  different failure ({finding.count}×): {finding.summary}"))
     if result.minimized:
         kept = ", ".join(f"{p}: kept {v['kept']} of {v['of']}" for p, v in data["minimal"]["data"].items())
         args = ", ".join(f"{a} {v['from']}→{v['to']}" for a, v in data["minimal"]["args"].items())
         out.print(
-            f"minimal bundle {result.minimized.bundle_id[:12]}: {'; '.join(x for x in (kept, args) if x)}"
+            plain(
+                f"minimal bundle {result.minimized.bundle_id[:12]}: {'; '.join(x for x in (kept, args) if x)}"
+            )
         )
     if result.minimize_error:
-        out.print(f"[yellow]not minimized:[/yellow] {result.minimize_error}")
+        out.print(labelled("not minimized:", "yellow", result.minimize_error))
     report = data["report"]
     if report["kind"] != "none":
-        out.print(f"report ({report['kind']}): {report['location']}")
+        out.print(plain(f"report ({report['kind']}): {report['location']}"))

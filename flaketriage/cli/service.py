@@ -72,7 +72,7 @@ def serve(
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
-        service.database.dispose()
+        service.close()
 
 
 def worker_queues(requested: str | None, gpus: list[str]) -> list[str]:

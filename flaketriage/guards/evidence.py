@@ -116,7 +116,11 @@ class Recorder:
         where = self.capture.store
         if isinstance(where, Store):
             return where
-        return open_store(where if where is not None else self.settings.store, relative_to=self.cwd)
+        return open_store(
+            where if where is not None else self.settings.store,
+            relative_to=self.cwd,
+            shared=self.settings.store_shared,
+        )
 
     def record(self, evidence: TripEvidence) -> str:
         """Write the bundle; returns its id."""

@@ -9,18 +9,20 @@ sender retries; a repeated delivery is answered 200 and does nothing). Bad input
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from flaketriage import __version__
 from flaketriage.errors import BrokerError, RecordsError, SignatureError
@@ -32,7 +34,14 @@ from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
 from flaketriage.orchestrator.payloads import Parsed, PayloadError
 from flaketriage.orchestrator.service import Service
 from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
+from flaketriage.quarantine import QuarantineDocument
+from flaketriage.records import CaseStatus
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+MAX_ID = 2**31 - 1
+"""The largest id an integer column holds (PostgreSQL ``integer``)."""
+VERDICT_PATTERN = r"^[a-z_]{1,32}$"
+"""What a verdict looks like (``flaky``, ``not_reproduced``, ...)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text}
@@ -44,6 +53,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "database or broker unavailable: retry"),
     )
 }
+
+
+_SOURCES = {"/v1/events": "events", "/webhooks/github": "github", "/webhooks/sentry": "sentry"}
+"""The write routes, by the source label their deliveries are counted under."""
 
 
 class HTTPProblem(Exception):
@@ -74,12 +87,19 @@ def create_app(service: Service) -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _problem(422, _validation_text(exc.errors()))
 
+    def unavailable(request: Request, outcome: str) -> None:
+        source = _SOURCES.get(request.url.path)
+        if source is not None:  # a delivery the sender will retry: counted like the others
+            service.metrics.events.labels(source, outcome).inc()
+
     @app.exception_handler(RecordsError)
-    async def _records_down(_: Request, exc: RecordsError) -> JSONResponse:
-        return _problem(503, f"not recorded, retry later: {exc}")
+    async def _records_down(request: Request, exc: RecordsError) -> JSONResponse:
+        unavailable(request, "database_down")
+        return _problem(503, f"the database is unavailable (nothing was recorded), retry later: {exc}")
 
     @app.exception_handler(BrokerError)
-    async def _broker_down(_: Request, exc: BrokerError) -> JSONResponse:
+    async def _broker_down(request: Request, exc: BrokerError) -> JSONResponse:
+        unavailable(request, "broker_down")
         return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
 
     async def body(request: Request) -> bytes:
@@ -123,12 +143,8 @@ def create_app(service: Service) -> FastAPI:
         service.metrics.events.labels(source, outcome).inc()
         raise HTTPProblem(status, detail)
 
-    event_body_schema = {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": FailureEvent.model_json_schema()}},
-        }
-    }
+    _document_with(app, {"FailureEvent": FailureEvent})
+    event_body_schema = _json_body({"$ref": f"{_COMPONENTS}FailureEvent"})
 
     @app.post(
         "/v1/events",
@@ -137,7 +153,7 @@ def create_app(service: Service) -> FastAPI:
         responses={200: {"model": Accepted, "description": "a duplicate delivery"}, **_ERRORS},
         openapi_extra=event_body_schema,
     )
-    def post_event(
+    async def post_event(
         raw: bytes = Depends(body),
         timestamp: str | None = Header(default=None, alias=TIMESTAMP_HEADER),
         signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
@@ -159,7 +175,10 @@ def create_app(service: Service) -> FastAPI:
             sighting = from_event(event, service.policy)
         except StoreNotAllowed as exc:
             refuse("events", 422, str(exc), "store_refused")
-        result = service.intake.record("events", event.event_id, event.kind, [sighting])
+        # Recorded by the intake thread with whatever else arrived meanwhile (group commit); this
+        # request is answered once its own delivery is committed and its work sent.
+        future = service.intake_queue.submit("events", event.event_id, event.kind, [sighting])
+        result = await asyncio.wrap_future(future)
         return answer("events", result, [])
 
     @app.post(
@@ -167,6 +186,7 @@ def create_app(service: Service) -> FastAPI:
         status_code=202,
         response_model=Accepted,
         responses={200: {"model": Accepted, "description": "ignored or duplicate"}, **_ERRORS},
+        openapi_extra=_json_body({"type": "object", "description": "GitHub's webhook payload"}),
     )
     def post_github(
         raw: bytes = Depends(body),
@@ -194,6 +214,7 @@ def create_app(service: Service) -> FastAPI:
         status_code=202,
         response_model=Accepted,
         responses={200: {"model": Accepted, "description": "ignored or duplicate"}, **_ERRORS},
+        openapi_extra=_json_body({"type": "object", "description": "Sentry's integration webhook payload"}),
     )
     def post_sentry(
         raw: bytes = Depends(body),
@@ -219,10 +240,12 @@ def create_app(service: Service) -> FastAPI:
         "/v1/cases",
         response_model=list[CaseSummary],
         dependencies=[Depends(authorized)],
-        responses={401: _ERRORS[401], 503: _ERRORS[503]},
+        responses={401: _ERRORS[401], 422: _ERRORS[422], 503: _ERRORS[503]},
     )
     def list_cases(
-        status: str | None = None, verdict: str | None = None, limit: int = 100
+        status: CaseStatus | None = None,
+        verdict: Annotated[str | None, Query(pattern=VERDICT_PATTERN)] = None,
+        limit: int = 100,
     ) -> list[CaseSummary]:
         """Cases, newest first; filter by ``status`` and ``verdict``."""
         return CaseQuery(service.database).list(
@@ -233,11 +256,17 @@ def create_app(service: Service) -> FastAPI:
         "/v1/cases/{case_id}",
         response_model=CaseDetail,
         dependencies=[Depends(authorized)],
-        responses={401: _ERRORS[401], 404: {"model": Problem}, 503: _ERRORS[503]},
+        responses={
+            401: _ERRORS[401],
+            404: {"model": Problem, "description": "no such case"},
+            422: _ERRORS[422],
+            503: _ERRORS[503],
+        },
     )
     def get_case(case_id: int) -> CaseDetail:
         """One case with its evidence, occurrences, triage runs and their replays."""
-        found = CaseQuery(service.database).get(case_id)
+        # An id past the column's range names no case (and PostgreSQL refuses to compare with it).
+        found = CaseQuery(service.database).get(case_id) if 0 < case_id <= MAX_ID else None
         if found is None:
             raise HTTPProblem(404, f"no case {case_id}; list them at /v1/cases")
         return found
@@ -245,7 +274,11 @@ def create_app(service: Service) -> FastAPI:
     @app.get(
         "/v1/quarantine",
         dependencies=[Depends(authorized)],
-        responses={200: {"description": "the quarantine document"}, 401: _ERRORS[401], 503: _ERRORS[503]},
+        responses={
+            200: {"model": QuarantineDocument, "description": "the quarantine document"},
+            401: _ERRORS[401],
+            503: _ERRORS[503],
+        },
     )
     def get_quarantine() -> Response:
         """The quarantine document (the same JSON the CI side reads from a file)."""
@@ -269,7 +302,13 @@ def create_app(service: Service) -> FastAPI:
             health.status, health.broker = "unavailable", str(exc)
         return JSONResponse(health.model_dump(), status_code=200 if health.status == "ok" else 503)
 
-    @app.get("/metrics", response_class=Response)
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Prometheus text"}
+        },
+    )
     def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -278,12 +317,50 @@ def create_app(service: Service) -> FastAPI:
 
 Refuse = Callable[[str, int, str, str], NoReturn]
 
+_COMPONENTS = "#/components/schemas/"
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads its JSON body itself (to check its signature first)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _document_with(app: FastAPI, models: dict[str, type[BaseModel]]) -> None:
+    """Add `models` (and the models they use) to the app's OpenAPI components.
+
+    A route that reads its body itself names its model by ``$ref``; pydantic's own schema nests
+    the models it uses under ``$defs``, whose ``#/$defs/...`` references resolve nowhere in the
+    OpenAPI document, so they are written as components instead.
+    """
+    schemas: dict[str, Any] = {}
+    for name, model in models.items():
+        schema = model.model_json_schema(ref_template=_COMPONENTS + "{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            clashes = [name for name in schemas if name in components and components[name] != schemas[name]]
+            if clashes:
+                raise RuntimeError(f"OpenAPI components {clashes} are defined twice, differently")
+            components.update(schemas)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
 
 def _json(raw: bytes, source: str, refuse: Refuse) -> Any:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         refuse(source, 400, f"the body is not JSON: {exc}", "invalid")
+    except RecursionError:
+        refuse(source, 400, "the body is not JSON this service reads: it is nested too deeply", "invalid")
     if not isinstance(data, dict):
         refuse(source, 400, "the body must be a JSON object", "invalid")
     return data
@@ -304,8 +381,8 @@ def _record(
     parsed: Parsed,
     answer: Callable[[str, IntakeResult, list[str]], JSONResponse],
 ) -> JSONResponse:
-    result = service.intake.record(source, delivery, kind, parsed.sightings if parsed.handled else [])
-    return answer(source, result, parsed.notes)
+    future = service.intake_queue.submit(source, delivery, kind, parsed.sightings if parsed.handled else [])
+    return answer(source, future.result(), parsed.notes)
 
 
 def _validation_text(errors: Any) -> str:

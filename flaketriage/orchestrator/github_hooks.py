@@ -119,10 +119,12 @@ def _issue_target(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _issue(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
-    labels = payload.get("issue", {}).get("labels") if isinstance(payload.get("issue"), dict) else None
-    names = {label.get("name") for label in labels or [] if isinstance(label, dict)}
-    added = payload.get("label", {}).get("name") if isinstance(payload.get("label"), dict) else None
-    if (payload.get("action") == "labeled" and added != LABEL) or LABEL not in names | {added}:
+    labels = field_of(payload, "issue.labels", list, required=False) or []
+    names = {
+        label["name"] for label in labels if isinstance(label, dict) and isinstance(label.get("name"), str)
+    }
+    added = field_of(payload, "label.name", required=False)
+    if (payload.get("action") == "labeled" and added != LABEL) or (LABEL not in names and added != LABEL):
         return Parsed(handled=False)
     target = _issue_target(payload)
     body = field_of(payload, "issue.body", required=False)

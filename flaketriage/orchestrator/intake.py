@@ -6,11 +6,11 @@ in one transaction; only after it commits are the tasks sent. A delivery seen be
 
 When a failure starts a triage:
 
-* a new case starts one, unless a case of the same cause (same exception and message, another test)
-  started one within the storm window: then it follows that one (a storm of one root cause across
-  hundreds of tests is triaged once);
+* a new case starts one, unless a failing test of the same cause (same exception and message,
+  another test) started one within the storm window: then it follows that one (a storm of one root
+  cause across hundreds of tests is triaged once);
 * a known case starts none, unless it was closed as fixed (it reopens), it failed, or its last
-  triage is older than the re-triage window;
+  triage is older than the re-triage window (a storm follower's last triage is its leader's);
 * an explicit request (a ``/flaketriage triage`` comment, a labelled issue) always starts one.
 """
 
@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from flaketriage.dispatch import Dispatcher, Outgoing
+from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
 from flaketriage.errors import RecordsError
 from flaketriage.normalize import normalize_message
 from flaketriage.records import Case, CaseStatus, Database, Delivery, Occurrence
@@ -72,9 +72,51 @@ class IntakeResult:
     work: tuple[int, ...] = ()
 
 
+Item = tuple[str, str, str, Sequence[Sighting]]
+"""One delivery: its source, its id at the source, its kind, and the failures it reports."""
+
+_ATTEMPTS = 3
+"""Tries of one delivery's transaction when a concurrent one commits a row it also inserts."""
+
+
+def _column_text(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; the replacement character shows where one was.
+    return text.replace("\x00", "\ufffd")
+
+
+def _optional_text(text: str | None, longest: int | None = None) -> str | None:
+    """`text` as a column holds it; None when it is longer than the column (a cut name is a wrong one)."""
+    if text is None:
+        return None
+    text = _column_text(text)
+    return None if longest is not None and len(text) > longest else text
+
+
+def _storable(sighting: Sighting) -> Sighting:
+    """`sighting` as the columns hold it (JSON columns keep NUL as ``\\u0000``, so provenance stays)."""
+    return replace(
+        sighting,
+        title=_column_text(sighting.title)[:500],
+        test_id=_optional_text(sighting.test_id),
+        job=_optional_text(sighting.job),
+        repository=_optional_text(sighting.repository, 200),
+        store_url=_optional_text(sighting.store_url),
+    )
+
+
+def _merge(occurrence: Occurrence, sighting: Sighting) -> None:
+    """Add what a second sighting of the same case in the same delivery knows to its occurrence."""
+    occurrence.bundle_id = occurrence.bundle_id or sighting.bundle_id
+    occurrence.store_url = occurrence.store_url or sighting.store_url
+    occurrence.test_id = occurrence.test_id or sighting.test_id
+    occurrence.provenance = sighting.provenance | dict(occurrence.provenance)
+
+
 def cause_key(kind: str, exception_type: str | None, message: str | None) -> str | None:
-    """The failure without the test that hit it; None when there is too little to tell causes apart."""
-    if not exception_type and not message:
+    """What many failing tests share when one cause breaks them all: the exception and its message,
+    without the test. Only test failures have one: the fingerprint of any other failure already
+    names its code path, and two programs failing alike elsewhere are two findings, not a storm."""
+    if kind != "test" or (not exception_type and not message):
         return None
     text = f"{kind}|{exception_type or ''}|{normalize_message(message or '')}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -102,60 +144,117 @@ class Intake:
 
     def record(self, source: str, delivery_id: str, kind: str, sightings: Sequence[Sighting]) -> IntakeResult:
         """Record one delivery; raises `RecordsError` (nothing recorded) when the database fails."""
-        outgoing: list[Outgoing | None] = []
-        try:
-            with self.database.session() as session:
-                if session.scalars(
-                    select(Delivery.id).where(Delivery.source == source, Delivery.delivery_id == delivery_id)
-                ).first():
-                    return IntakeResult(IntakeOutcome.DUPLICATE)
-                outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED
-                session.add(
-                    Delivery(
-                        source=source,
-                        delivery_id=delivery_id,
-                        kind=kind,
-                        outcome=outcome.value,
-                        received_at=self.clock(),
-                    )
-                )
-                session.flush()  # a concurrent duplicate fails here, before any case is touched
-                cases: list[int] = []
-                works: list[int] = []
-                for sighting in sightings:
-                    case, sent = self._sight(session, source, delivery_id, sighting)
-                    cases.append(case.id)
-                    if sent is not None:
-                        works.append(sent.order.work_id)
-                        outgoing.append(sent)
-                if works:
-                    outcome = IntakeOutcome.ACCEPTED
-                    session.execute(
-                        update(Delivery)
-                        .where(Delivery.source == source, Delivery.delivery_id == delivery_id)
-                        .values(outcome=outcome.value)
-                        .execution_options(synchronize_session=False)
-                    )
-        except RecordsError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                return IntakeResult(IntakeOutcome.DUPLICATE)
-            raise
-        self.dispatcher.send(outgoing)
-        return IntakeResult(outcome, tuple(cases), tuple(works))
+        return self.record_batch([(source, delivery_id, kind, sightings)])[0]
 
-    # -- one sighting ---------------------------------------------------------------------------
-    def _sight(
-        self, session: Session, source: str, delivery_id: str, sighting: Sighting
-    ) -> tuple[Case, Outgoing | None]:
+    def record_batch(self, items: Sequence[Item]) -> list[IntakeResult]:
+        """Record deliveries in one transaction (in order, as if one after another) and send their
+        work once it commits. `RecordsError`: nothing was recorded; `BrokerError`: all was recorded,
+        and the sweep sends the work when the broker is back."""
+        prepared = [
+            (
+                source,
+                _column_text(delivery_id)[:128],
+                _column_text(kind)[:64],
+                [_storable(s) for s in sightings],
+            )
+            for source, delivery_id, kind, sightings in items
+        ]
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                results, outgoing = self._record_once(prepared)
+                break
+            except RecordsError as exc:
+                # Another transaction committed a row this one also inserts: the same delivery (the
+                # next attempt finds it and answers duplicate) or the first case of the same failure
+                # (the next attempt adds to it). Either way, trying again sees what that one wrote.
+                if not isinstance(exc.__cause__, IntegrityError) or attempt == _ATTEMPTS:
+                    raise
+        self.dispatcher.send(outgoing)
+        return results
+
+    def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing | None]]:
         now = self.clock()
-        query = select(Case).where(Case.fingerprint == sighting.fingerprint)
+        with self.database.session() as session:
+            known = self._known_deliveries(session, items)
+            cases, new = self._cases(session, items, now)
+            deliveries: list[tuple[Delivery | None, list[int], list[WorkRequest]]] = []
+            for source, delivery_id, kind, sightings in items:
+                if (source, delivery_id) in known:
+                    deliveries.append((None, [], []))
+                    continue
+                known.add((source, delivery_id))
+                delivery = Delivery(
+                    source=source,
+                    delivery_id=delivery_id,
+                    kind=kind,
+                    outcome=(IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED).value,
+                    received_at=now,
+                )
+                session.add(delivery)
+                seen: dict[int, Occurrence] = {}
+                case_ids: list[int] = []
+                requests: list[WorkRequest] = []
+                for sighting in sightings:
+                    case = cases[sighting.fingerprint]
+                    request = self._sight(
+                        session, source, delivery_id, sighting, case, case.id in new, seen, now
+                    )
+                    new.discard(case.id)
+                    if case.id not in case_ids:
+                        case_ids.append(case.id)
+                    if request is not None:
+                        requests.append(request)
+                deliveries.append((delivery, case_ids, requests))
+            requested = self.dispatcher.request_many(session, [r for _, _, rs in deliveries for r in rs])
+            outgoing: list[Outgoing | None] = []
+            results: list[IntakeResult] = []
+            for recorded, case_ids, requests in deliveries:
+                if recorded is None:
+                    results.append(IntakeResult(IntakeOutcome.DUPLICATE))
+                    continue
+                works: list[int] = []
+                for request in requests:
+                    work, sent = requested[request.key]
+                    if sent is None or sent in outgoing:
+                        continue  # the same work asked for again: it was started once
+                    works.append(work.id)
+                    outgoing.append(sent)
+                    started = session.get(Case, request.case_id)
+                    assert started is not None
+                    started.status, started.error, started.storm_of = CaseStatus.QUEUED.value, None, None
+                if works:
+                    recorded.outcome = IntakeOutcome.ACCEPTED.value
+                results.append(IntakeResult(IntakeOutcome(recorded.outcome), tuple(case_ids), tuple(works)))
+        return results, outgoing
+
+    def _known_deliveries(self, session: Session, items: Sequence[Item]) -> set[tuple[str, str]]:
+        pairs = {(source, delivery_id) for source, delivery_id, _, _ in items}
+        found = session.execute(
+            select(Delivery.source, Delivery.delivery_id).where(
+                tuple_(Delivery.source, Delivery.delivery_id).in_(sorted(pairs))
+            )
+        ).all()
+        return {(source, delivery_id) for source, delivery_id in found}
+
+    def _cases(
+        self, session: Session, items: Sequence[Item], now: datetime
+    ) -> tuple[dict[str, Case], set[int]]:
+        """Every case the batch sights, by fingerprint (locked on PostgreSQL), the missing ones
+        created, and the ids of those created."""
+        first: dict[str, Sighting] = {}
+        for _, _, _, sightings in items:
+            for sighting in sightings:
+                first.setdefault(sighting.fingerprint, sighting)
+        query = select(Case).where(Case.fingerprint.in_(sorted(first))).order_by(Case.id)
         if not self.database.is_sqlite:
             query = query.with_for_update()
-        case = session.scalars(query).first()
-        new = case is None
-        if case is None:
+        cases = {case.fingerprint: case for case in session.scalars(query).all()}
+        created: list[Case] = []
+        for fingerprint, sighting in first.items():
+            if fingerprint in cases:
+                continue
             case = Case(
-                fingerprint=sighting.fingerprint,
+                fingerprint=fingerprint,
                 cause_key=sighting.cause_key,
                 kind=sighting.kind,
                 title=sighting.title[:500],
@@ -169,11 +268,32 @@ class Intake:
                 generation=0,
             )
             session.add(case)
-            session.flush()
-        case.occurrences += 1
-        case.last_seen = now
-        session.add(
-            Occurrence(
+            cases[fingerprint] = case
+            created.append(case)
+        if created:
+            session.flush()  # their ids, in one statement
+        return cases, {case.id for case in created}
+
+    # -- one sighting ---------------------------------------------------------------------------
+    def _sight(
+        self,
+        session: Session,
+        source: str,
+        delivery_id: str,
+        sighting: Sighting,
+        case: Case,
+        new: bool,
+        seen: dict[int, Occurrence],
+        now: datetime,
+    ) -> WorkRequest | None:
+        if case.id in seen:
+            # One delivery, one occurrence per case: a Sentry event whose exception is the tagged
+            # bundle's, or a check run naming two bundles of one failure, sees the case twice.
+            _merge(seen[case.id], sighting)
+        else:
+            case.occurrences += 1
+            case.last_seen = now
+            seen[case.id] = Occurrence(
                 case_id=case.id,
                 source=source,
                 delivery_id=delivery_id,
@@ -183,17 +303,19 @@ class Intake:
                 provenance=sighting.provenance,
                 received_at=now,
             )
-        )
+            session.add(seen[case.id])
         if not sighting.bundle_id or sighting.trigger == "never":
-            return case, None
+            return None
         key = self._triage_key(session, case, new, sighting, delivery_id, now)
         if key is None:
-            return case, None
+            return None
         options: dict[str, Any] = {"minimize": self.minimize}
         if sighting.reply_to:
             options["reply_to"] = sighting.reply_to
-        _, sent = self.dispatcher.request(
-            session,
+        # Later sightings in this batch see the triage this one starts, as they would have seen it
+        # committed had they come one at a time.
+        case.status, case.last_triage_at = CaseStatus.QUEUED.value, now
+        return WorkRequest(
             key=key,
             step=Step.TRIAGE,
             queue=Queue.CPU,
@@ -202,19 +324,15 @@ class Intake:
             store_url=sighting.store_url,
             options=options,
         )
-        if sent is not None:
-            case.status = CaseStatus.QUEUED.value
-            case.error = None
-            case.storm_of = None
-            case.last_triage_at = now
-        return case, sent
 
     def _triage_key(
         self, session: Session, case: Case, new: bool, sighting: Sighting, delivery_id: str, now: datetime
     ) -> str | None:
         """The key of the triage this sighting starts, or None when it starts none."""
         if sighting.trigger == "always":
-            return f"triage:{case.id}:{sighting.bundle_id}:request:{delivery_id}"
+            # Keys are at most 200 characters; a delivery id may be 128.
+            request = hashlib.sha256(delivery_id.encode("utf-8")).hexdigest()[:32]
+            return f"triage:{case.id}:{sighting.bundle_id}:request:{request}"
         if new or case.status == CaseStatus.OPEN.value:
             leader = self._storm_leader(session, case, now)
             if leader is not None:
@@ -222,9 +340,13 @@ class Intake:
                 case.status = leader.status
                 return None
             return f"triage:{case.id}:g{case.generation}"
-        last = case.last_triage_at
+        status, last = case.status, case.last_triage_at
+        leader = session.get(Case, case.storm_of) if case.storm_of is not None else None
+        if leader is not None and last is None:
+            # A storm follower was never triaged itself: its leader's triage stands for it.
+            status, last = leader.status, leader.last_triage_at
         stale = last is None or now - last > self.retriage_after
-        if case.status in (CaseStatus.FIXED.value, CaseStatus.FAILED.value) or stale:
+        if status in (CaseStatus.FIXED.value, CaseStatus.FAILED.value) or stale:
             case.generation += 1
             return f"triage:{case.id}:g{case.generation}"
         return None

@@ -38,7 +38,7 @@ def _qualified(exc: dict[str, Any]) -> str:
     if not isinstance(kind, str) or not kind:
         raise PayloadError("data.event.exception.values[-1].type must be a non-empty string")
     module = exc.get("module")
-    return kind if module in _UNQUALIFIED or not isinstance(module, str) else f"{module}.{kind}"
+    return kind if not isinstance(module, str) or module in _UNQUALIFIED else f"{module}.{kind}"
 
 
 def _frames(exc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -46,7 +46,10 @@ def _frames(exc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
     stack: dict[str, Any] = exc["stacktrace"] if isinstance(exc.get("stacktrace"), dict) else {}
     pairs: list[tuple[str, str]] = []
     roots: list[str] = []
-    for frame in stack.get("frames") or []:
+    frames = stack.get("frames") or []
+    if not isinstance(frames, list):
+        raise PayloadError("data.event.exception.values[-1].stacktrace.frames must be a list")
+    for frame in frames:
         if not isinstance(frame, dict):
             continue
         filename = _text(frame.get("filename"))
@@ -62,7 +65,7 @@ def _frames(exc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
 
 def _tags(event: dict[str, Any]) -> dict[str, str]:
     tags: dict[str, str] = {}
-    for item in event.get("tags") or []:
+    for item in field_of(event, "tags", list, required=False) or []:
         if isinstance(item, list | tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
             tags[item[0]] = item[1]
         elif (

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from flaketriage.dispatch import CelerySender, Dispatcher, TaskSender
 from flaketriage.orchestrator.intake import Intake
+from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.records import Database
@@ -30,10 +31,20 @@ class Service:
     intake: Intake
     policy: StorePolicy
     metrics: ServiceMetrics
+    intake_queue: IntakeQueue
+
+    def close(self) -> None:
+        self.intake_queue.close()
+        self.database.dispose()
 
     @classmethod
     def assemble(cls, settings: Settings, database: Database, sender: PingingSender) -> Service:
-        dispatcher = Dispatcher(database, sender, sweep_after_s=settings.sweep_after_s)
+        dispatcher = Dispatcher(
+            database,
+            sender,
+            sweep_after_s=settings.sweep_after_s,
+            replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
+        )
         intake = Intake(
             database,
             dispatcher,
@@ -48,6 +59,7 @@ class Service:
             intake=intake,
             policy=StorePolicy(settings.resolved_allowed_stores()),
             metrics=ServiceMetrics(database),
+            intake_queue=IntakeQueue(intake),
         )
 
 
@@ -58,7 +70,11 @@ def sending_app(settings: Settings) -> Any:
     from flaketriage.broker import celery_config
 
     app = Celery("flaketriage", set_as_current=False)
-    app.conf.update(celery_config(settings.resolved_broker_url()))
+    app.conf.update(
+        celery_config(
+            settings.resolved_broker_url(), visibility_timeout_s=settings.broker_visibility_timeout_s
+        )
+    )
     return app
 
 

@@ -71,7 +71,8 @@ def title_of(
 
 def from_event(event: FailureEvent, policy: StorePolicy) -> Sighting:
     """The sighting an event reports; `StoreNotAllowed` when its store is not one the service reads."""
-    url = policy.check(event.store.url)
+    # The location, not `event.store.url`: a path no file system could hold is refused by `check`.
+    url = policy.check(event.store.location)
     failure = event.failure
     return Sighting(
         fingerprint=event.fingerprint,
@@ -124,7 +125,10 @@ def resolve_bundles(
     missing: list[str] = []
     if not idents:
         return sightings, missing
-    store = open_store(policy.default, readonly=True)
+    try:
+        store = open_store(policy.default, readonly=True)
+    except FlaketriageError as exc:  # not created yet (nothing captured), or unreadable
+        return sightings, [f"{ident}: {exc}" for ident in idents]
     for ident in idents:
         try:
             manifest = load_manifest(store, ident)

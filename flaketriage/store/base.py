@@ -3,24 +3,37 @@
 Blobs are keyed by the SHA-256 of their raw bytes and verified on every read. A backend keeps an
 encoded form (a one-byte tag, then the raw or zstd-compressed bytes) so compression never changes a
 key. Refs are small mutable documents (the bundle index) that backends list by prefix.
+
+Every read streams and is bounded: the caller passes the size the manifest records (``max_size``)
+and a blob that inflates past it is refused before more than that reaches the destination, so a
+small object that decompresses to gigabytes costs neither memory nor disk. Reads into memory are
+also capped at `MAX_IN_MEMORY_BYTES`, manifests at `MAX_MANIFEST_BYTES`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Self
+from typing import BinaryIO, Self
 
 from flaketriage.atomic import write_atomic
-from flaketriage.errors import CorruptObjectError, StoreError
+from flaketriage.errors import CorruptObjectError, ObjectTooLargeError, StoreError
 from flaketriage.manifest import BlobRef
 
 RAW = b"\x00"
 ZSTD = b"\x01"
 CHUNK = 1 << 20
 _MIN_COMPRESS = 512  # below this the frame overhead eats any saving
+MAX_MANIFEST_BYTES = 64 << 20
+"""The most a manifest may hold: real ones are kilobytes (file lists, a package freeze)."""
+MAX_IN_MEMORY_BYTES = 512 << 20
+"""The most `Store.get_bytes` reads into memory, whatever size a manifest records; larger blobs
+(checkpoints, datasets) are streamed to files with `Store.get_file`."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -39,18 +52,58 @@ def encode(data: bytes) -> bytes:
 
 
 def decode(stored: bytes, key: str, where: str) -> bytes:
-    tag, body = stored[:1], stored[1:]
+    """The raw bytes of a stored form (not verified, not bounded: for forms already in memory)."""
+    return b"".join(decoded_chunks(io.BytesIO(stored), key, where))
+
+
+def decoded_chunks(stream: BinaryIO, key: str, where: str) -> Iterator[bytes]:
+    """The raw bytes of the stored form read from `stream`, a chunk (at most `CHUNK`) at a time.
+
+    Decompression is incremental, so a consumer that stops early (a size bound) stops the work.
+    """
+    tag = stream.read(1)
     if tag == RAW:
-        return body
+        while chunk := stream.read(CHUNK):
+            yield chunk
+        return
     if tag == ZSTD:
         import zstandard
 
         try:
-            # Streamed frames carry no content size, so decompress incrementally.
-            return zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            # Streamed frames carry no content size: read a bounded chunk at a time.
+            reader = zstandard.ZstdDecompressor().stream_reader(stream, closefd=False)
+            while chunk := reader.read(CHUNK):
+                yield chunk
         except zstandard.ZstdError as exc:
-            raise CorruptObjectError(key, "<undecodable zstd frame>", where) from exc
-    raise CorruptObjectError(key, f"<unknown encoding tag {tag!r}>", where)
+            raise CorruptObjectError(
+                key, "", where, detail=f"its zstd data cannot be decompressed ({exc})"
+            ) from exc
+        return
+    if not tag:
+        raise CorruptObjectError(
+            key,
+            "",
+            where,
+            detail="it is empty (0 bytes, where every stored object starts with a 1-byte encoding tag), "
+            "so a write was cut short or the file was truncated",
+        )
+    raise CorruptObjectError(
+        key,
+        "",
+        where,
+        detail=f"it starts with the unknown encoding tag {tag!r} (expected {RAW!r} or {ZSTD!r})",
+    )
+
+
+def _free_bytes(dest: Path) -> tuple[int, Path] | None:
+    """Free space on the file system `dest` would land on (its nearest existing ancestor), or None
+    when it cannot be told."""
+    for place in [dest.parent, *dest.parent.parents]:
+        try:
+            return shutil.disk_usage(place).free, place
+        except OSError:
+            continue
+    return None
 
 
 def check_key(key: str) -> str:
@@ -69,8 +122,12 @@ class Store(ABC):
 
     @classmethod
     @abstractmethod
-    def from_url(cls, url: str, *, readonly: bool = False) -> Self:
-        """The store at `url`, a canonical URL of this backend's scheme (see `store_url`)."""
+    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> Self:
+        """The store at `url`, a canonical URL of this backend's scheme (see `store_url`).
+
+        `shared`: what it writes is readable by the group too (backends with file permissions);
+        by default only by the owner.
+        """
 
     @property
     @abstractmethod
@@ -88,6 +145,10 @@ class Store(ABC):
     def _read_object(self, key: str) -> bytes:
         """The stored (encoded) form; raises ObjectNotFoundError."""
 
+    def _open_object(self, key: str) -> BinaryIO:
+        """The stored form as a stream; backends that can stream override this."""
+        return io.BytesIO(self._read_object(key))
+
     @abstractmethod
     def _write_object(self, key: str, stored: bytes) -> None:
         """Store the encoded form atomically; a no-op when the key exists."""
@@ -103,6 +164,15 @@ class Store(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Drop a blob (used by `check` for corrupt entries and by garbage collection)."""
+
+    @abstractmethod
+    def delete_ref(self, name: str) -> None:
+        """Remove the ref `name` (nothing when it is not there)."""
+
+    @abstractmethod
+    def age(self, key: str) -> timedelta | None:
+        """How long ago the object `key` was written (None when the backend cannot tell, or it is gone).
+        Garbage collection never deletes an object younger than its grace period."""
 
     @abstractmethod
     def put_ref(self, name: str, data: bytes) -> None:
@@ -132,22 +202,72 @@ class Store(ABC):
         """Store a file's bytes. Backends may stream; the default reads it whole."""
         return self.put_bytes(Path(path).read_bytes())
 
-    def get_bytes(self, key: str) -> bytes:
-        """A blob's raw bytes, after checking they hash to `key`."""
+    def chunks(self, key: str, *, max_size: int | None = None, why: str | None = None) -> Iterator[bytes]:
+        """A blob's raw bytes, streamed; the hash is checked once the last chunk is out.
+
+        More than `max_size` bytes raise `ObjectTooLargeError` before the chunk that passes it is
+        handed out; `why` says what the bound is (default: the size the manifest records). A
+        consumer must treat the bytes as unverified until the iterator is exhausted.
+        """
         check_key(key)
-        data = decode(self._read_object(key), key, self.location)
-        actual = sha256_bytes(data)
-        if actual != key:
-            raise CorruptObjectError(key, actual, self.location)
-        return data
+        digest = hashlib.sha256()
+        size = 0
+        with self._open_object(key) as stream:
+            for chunk in decoded_chunks(stream, key, self.location):
+                size += len(chunk)
+                if max_size is not None and size > max_size:
+                    raise ObjectTooLargeError(
+                        key,
+                        self.location,
+                        max_size,
+                        f"it inflates past {why or f'the {max_size} bytes its manifest records'}",
+                        "The bundle that names it is damaged or was built to exhaust the reader: "
+                        "re-capture the failure, or restore the store from a copy",
+                    )
+                digest.update(chunk)
+                yield chunk
+        if digest.hexdigest() != key:
+            raise CorruptObjectError(key, digest.hexdigest(), self.location)
 
-    def get_file(self, key: str, dest: Path) -> None:
-        """Write a verified blob to `dest` atomically (a temp file renamed into place)."""
-        write_atomic(Path(dest), self.get_bytes(key))
+    def get_bytes(self, key: str, *, max_size: int | None = None, why: str | None = None) -> bytes:
+        """A blob's raw bytes, after checking they hash to `key`: at most `max_size` of them (the
+        size the manifest records) and never more than `MAX_IN_MEMORY_BYTES`."""
+        if max_size is None or max_size > MAX_IN_MEMORY_BYTES:
+            if max_size is not None:
+                raise ObjectTooLargeError(
+                    check_key(key),
+                    self.location,
+                    MAX_IN_MEMORY_BYTES,
+                    f"its manifest records {max_size} bytes, more than the {MAX_IN_MEMORY_BYTES} "
+                    "flaketriage reads into memory",
+                    "Only files (data, checkpoints) may be that large; the bundle is damaged or hostile",
+                )
+            max_size, why = MAX_IN_MEMORY_BYTES, f"{MAX_IN_MEMORY_BYTES} bytes, the most read into memory"
+        return b"".join(self.chunks(key, max_size=max_size, why=why))
 
-    def verify(self, key: str) -> None:
-        """Raise ObjectNotFoundError or CorruptObjectError unless the blob is intact."""
-        self.get_bytes(key)
+    def get_file(self, key: str, dest: Path, *, max_size: int | None = None) -> None:
+        """Write a verified blob to `dest` atomically (a temp file beside it, renamed into place).
+
+        With `max_size` (the size the manifest records) the blob is refused when that is more than
+        the free space at `dest`, or as soon as it inflates past it; the temp file is removed and
+        nothing appears at `dest`.
+        """
+        dest = Path(dest)
+        free = _free_bytes(dest) if max_size is not None else None
+        if max_size is not None and free is not None and max_size > free[0]:
+            raise ObjectTooLargeError(
+                check_key(key),
+                self.location,
+                max_size,
+                f"its manifest records {max_size} bytes, more than the {free[0]} bytes free at {free[1]}",
+                "Free space there or write somewhere else; if the size is absurd, the bundle is damaged",
+            )
+        write_atomic(dest, self.chunks(key, max_size=max_size))
+
+    def verify(self, key: str, *, max_size: int | None = None) -> int:
+        """The blob's size; raise ObjectNotFoundError, CorruptObjectError or (past `max_size`)
+        ObjectTooLargeError unless it is intact. Streams: memory stays bounded whatever the size."""
+        return sum(len(chunk) for chunk in self.chunks(key, max_size=max_size))
 
     def check(self, drop: bool = False) -> list[str]:
         """Re-hash every blob; return the corrupt keys (and delete them when `drop`)."""

@@ -8,9 +8,11 @@ each other. A named store lives as long as the process; an unnamed one as long a
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from datetime import timedelta
 
 from flaketriage.errors import ConfigError, ObjectNotFoundError, StoreError
 from flaketriage.store.base import Store, check_key
@@ -24,6 +26,8 @@ class _Space:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.refs: dict[str, bytes] = {}
+        self.written: dict[str, float] = {}
+        """When each object was written (``time.monotonic()``), for `MemoryStore.age`."""
         self.lock = threading.Lock()
 
 
@@ -66,7 +70,7 @@ class MemoryStore(Store):
         self._lock = self._space.lock
 
     @classmethod
-    def from_url(cls, url: str, *, readonly: bool = False) -> MemoryStore:
+    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> MemoryStore:
         if not url.startswith(SCHEME):
             raise ConfigError(f"{url} is not a memory store URL: write {SCHEME}NAME")
         return cls(url[len(SCHEME) :], readonly=readonly)
@@ -87,7 +91,9 @@ class MemoryStore(Store):
 
     def _write_object(self, key: str, stored: bytes) -> None:
         with self._lock:
-            self._objects.setdefault(key, stored)
+            if key not in self._objects:
+                self._objects[key] = stored
+                self._space.written[key] = time.monotonic()
 
     def has(self, key: str) -> bool:
         return check_key(key) in self._objects
@@ -99,6 +105,7 @@ class MemoryStore(Store):
         self._refuse_if_readonly()
         with self._lock:
             self._objects.pop(key, None)
+            self._space.written.pop(key, None)
 
     def put_ref(self, name: str, data: bytes) -> None:
         self._refuse_if_readonly()
@@ -107,6 +114,15 @@ class MemoryStore(Store):
 
     def get_ref(self, name: str) -> bytes | None:
         return self._refs.get(name)
+
+    def delete_ref(self, name: str) -> None:
+        self._refuse_if_readonly()
+        with self._lock:
+            self._refs.pop(name, None)
+
+    def age(self, key: str) -> timedelta | None:
+        written = self._space.written.get(key)
+        return None if written is None else timedelta(seconds=time.monotonic() - written)
 
     def list_refs(self, prefix: str) -> list[str]:
         return [name for name in self._refs if name.startswith(prefix) and "/" not in name[len(prefix) :]]

@@ -23,6 +23,10 @@ from flaketriage.store.base import Store
 __all__ = ["Backend", "local_path", "open_store", "register_backend", "store_url"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+PATH_MAX = 4095
+"""The longest path (bytes) the store accepts: Linux's PATH_MAX less the terminating NUL."""
+NAME_MAX = 255
+"""The longest name of one path component (bytes), as on every common file system."""
 
 
 @dataclass(frozen=True)
@@ -50,18 +54,24 @@ def register_backend(scheme: str, target: str, *, extra: str | None = None) -> N
 
 
 def open_store(
-    url: str | os.PathLike[str], readonly: bool = False, *, relative_to: Path | None = None
+    url: str | os.PathLike[str],
+    readonly: bool = False,
+    *,
+    relative_to: Path | None = None,
+    shared: bool = False,
 ) -> Store:
     """The store at `url`: a directory path or a ``file://``, ``memory://`` or ``s3://`` URL.
 
     A relative path is taken relative to `relative_to` (default: the current directory). A
-    read-only store refuses writes, and opening one that does not exist is a `StoreError`.
+    read-only store refuses writes, and opening one that does not exist is a `StoreError`. What a
+    local store writes is readable by its owner only, or by the group too when `shared`
+    (``FLAKETRIAGE_STORE_SHARED``).
     Raises `ConfigError` for a URL no backend reads, `MissingDependencyError` when the backend's
     library is not installed.
     """
     canonical = store_url(url, relative_to=relative_to)
     scheme = canonical.partition("://")[0]
-    return _backend_class(scheme).from_url(canonical, readonly=readonly)
+    return _backend_class(scheme).from_url(canonical, readonly=readonly, shared=shared)
 
 
 def store_url(location: str | os.PathLike[str], *, relative_to: Path | None = None) -> str:
@@ -89,7 +99,7 @@ def local_path(location: str | os.PathLike[str]) -> Path | None:
     text = _text(location)
     match = _SCHEME.match(text)
     if match is None:
-        return Path(text)
+        return _checked_path(text)
     scheme = match.group(1).lower()
     if scheme not in _BACKENDS:
         raise ConfigError(
@@ -103,7 +113,30 @@ def local_path(location: str | os.PathLike[str]) -> Path | None:
             f"the store {text!r} is not a file URL of an absolute path: write file:///absolute/path, "
             "or give a plain (relative) directory path"
         )
-    return Path(unquote(parts.path))
+    return _checked_path(unquote(parts.path))
+
+
+def _checked_path(text: str) -> Path:
+    """`text` as a path, refused when no file system could hold it (rather than an OSError later)."""
+    shown = text if len(text) <= 80 else f"{text[:50]}…{text[-20:]} ({len(text)} characters)"
+    if "\x00" in text:
+        raise ConfigError(f"the store path {shown!r} contains a NUL byte; give a directory path without one")
+    size = len(os.fsencode(text))
+    if size > PATH_MAX:
+        raise ConfigError(
+            f"the store path {shown!r} is {size} bytes long, more than the {PATH_MAX} a path may hold; "
+            "pass --store (or FLAKETRIAGE_STORE) with a shorter path"
+        )
+    path = Path(text)
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            name = part if len(part) <= 40 else f"{part[:30]}…"
+            raise ConfigError(
+                f"the store path {shown!r} has a component {name!r} of {len(os.fsencode(part))} bytes, "
+                f"more than the {NAME_MAX} a file name may hold; pass --store (or FLAKETRIAGE_STORE) "
+                "with shorter names"
+            )
+    return path
 
 
 def _text(location: str | os.PathLike[str]) -> str:

@@ -68,7 +68,12 @@ def build_env(settings: Settings, app: Celery) -> WorkerEnv:
     return WorkerEnv(
         settings=settings,
         database=database,
-        dispatcher=Dispatcher(database, CelerySender(app), sweep_after_s=settings.sweep_after_s),
+        dispatcher=Dispatcher(
+            database,
+            CelerySender(app),
+            sweep_after_s=settings.sweep_after_s,
+            replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
+        ),
         sandbox=make_sandbox(settings.sandbox, warn=log.warning),
         sink=MarkdownIssueSink(issues),
         commenter=MarkdownCommenter(issues / "comments"),
@@ -79,7 +84,11 @@ def build_env(settings: Settings, app: Celery) -> WorkerEnv:
 def create_celery(settings: Settings) -> Celery:
     """The workers' app: the shared configuration, the tasks, the beat schedule."""
     app = Celery("flaketriage", set_as_current=False)
-    app.conf.update(celery_config(settings.resolved_broker_url()))
+    app.conf.update(
+        celery_config(
+            settings.resolved_broker_url(), visibility_timeout_s=settings.broker_visibility_timeout_s
+        )
+    )
     app.conf.beat_schedule = beat_schedule(settings)
     app.conf.task_routes = {
         SWEEP_TASK: {"queue": Queue.REPORT.value},

@@ -20,6 +20,8 @@ from flaketriage.bundle import describe_failure
 from flaketriage.errors import BundleError, GitError, SandboxError
 from flaketriage.git import Git
 from flaketriage.manifest import Manifest
+from flaketriage.os_strings import has_undecodable, shell_join, shell_word
+from flaketriage.printable import printable
 from flaketriage.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
 from flaketriage.store import Store
 from flaketriage.workers.report.render import environment_rows, markdown_table
@@ -27,6 +29,8 @@ from flaketriage.workers.report.render import environment_rows, markdown_table
 SITECUSTOMIZE = Path(__file__).parent / "sitecustomize" / "sitecustomize.py"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PYTHON_NAME = re.compile(r"^python[0-9.]*$")
+# A recorded version that may become an image tag: ``3.11.7``, or ``3.12.1 (main, Jan 1 2024)``.
+_PYTHON_VERSION = re.compile(r"(\d{1,2}\.\d{1,3}(?:\.\d{1,3})?)(?: \([ -~]*\))?")
 # Local version labels that name a published PyTorch wheel index rather than a local build.
 _TORCH_INDEX_LABEL = re.compile(r"^(cu\d+|cpu|rocm[\d.]+)$")
 _TORCH_FAMILY = {"torch", "torchvision", "torchaudio"}
@@ -104,7 +108,7 @@ def run_script(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: 
     lines = [
         "#!/usr/bin/env bash",
         f"# Reproduces flaketriage bundle {bundle_id}",
-        f"# Recorded failure: {_one_line(describe_failure(manifest))}",
+        f"# Recorded failure: {printable(describe_failure(manifest))}",
         "# Expected: the command exits 0. See README.md.",
         "set -euo pipefail",
         "",
@@ -114,7 +118,7 @@ def run_script(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: 
     ]
     for name, value in seed_env(manifest).items():
         if _ENV_NAME.match(name):
-            lines.append(f"export {name}={shlex.quote(value)}")
+            lines.append(f"export {name}={shell_word(value)}")
         else:
             lines.append(f"# skipped seed variable {name!r}: not a valid shell variable name")
     lines.append("# Deterministic settings, as flaketriage's replays use them.")
@@ -122,7 +126,7 @@ def run_script(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: 
     if sitecustomize:
         lines.append('export PYTHONPATH="$here/sitecustomize${PYTHONPATH:+:$PYTHONPATH}"')
     first = argv[0]
-    if os.path.isabs(first) and _PYTHON_NAME.match(Path(first).name):
+    if os.path.isabs(first) and _PYTHON_NAME.match(Path(first).name) and printable(first) == first:
         # The recorded interpreter where it exists (this machine), else the one on PATH.
         lines += [
             "",
@@ -133,7 +137,7 @@ def run_script(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: 
     else:
         words = [_shell_word(first, _roots(manifest, cwd))]
     words += [_shell_word(arg, _roots(manifest, cwd)) for arg in argv[1:]]
-    lines += ["", f'cd "$here"/{shlex.quote(cwd.as_posix())}', "exec " + " ".join(words), ""]
+    lines += ["", f'cd "$here"/{shell_word(cwd.as_posix())}', "exec " + " ".join(words), ""]
     return "\n".join(lines)
 
 
@@ -161,10 +165,10 @@ def _shell_word(arg: str, roots: Sequence[tuple[str, str]]) -> str:
         match = re.search(re.escape(original) + r"(?![\w.-])", arg)
         if match:
             head, tail = arg[: match.start()], arg[match.end() :]
-            parts = [_shell_word(head, roots) if head else "", f'"$here"/{shlex.quote(rel)}']
+            parts = [_shell_word(head, roots) if head else "", f'"$here"/{shell_word(rel)}']
             parts.append(_shell_word(tail, roots) if tail else "")
             return "".join(parts)
-    return shlex.quote(arg)
+    return shell_word(arg)  # bytes that are not UTF-8 become $'\xNN': exact, and run.sh stays ASCII
 
 
 # -- environment files ----------------------------------------------------------------------------
@@ -189,11 +193,11 @@ def requirements(manifest: Manifest, bundle_id: str) -> str:
     skipped: list[str] = []
     indexes: set[str] = set()
     for entry in manifest.environment.packages:
-        name, sep, version = entry.partition("==")
-        name, version = name.strip(), version.strip()
-        if not sep or not name or not version or "@" in entry or " " in version:
+        pin = _pin(entry)
+        if pin is None:
             skipped.append(entry)
             continue
+        name, version = pin
         if _normalize(name) in local:
             skipped.append(entry)
             continue
@@ -204,23 +208,41 @@ def requirements(manifest: Manifest, bundle_id: str) -> str:
         if plus:
             indexes.add(f"https://download.pytorch.org/whl/{label}")
         pins.append(f"{name}=={version}")
+    env = manifest.environment
     lines = [
         f"# Pinned from the environment of flaketriage bundle {bundle_id}",
-        f"# (Python {manifest.environment.python}, {manifest.environment.platform} "
-        f"{manifest.environment.machine}).",
+        printable(f"# (Python {env.python}, {env.platform} {env.machine})."),
     ]
     lines += [f"--extra-index-url {url}" for url in sorted(indexes)]
     lines += pins
     if skipped:
-        lines += ["", "# Left out: the project itself, local builds and editable installs:"]
-        lines += [f"#   {entry}" for entry in skipped]
+        lines += ["", "# Left out: the project itself, local builds, editable installs and invalid pins:"]
+        lines += [f"#   {printable(entry)}" for entry in skipped]
     return "\n".join(lines) + "\n"
 
 
+def _pin(entry: str) -> tuple[str, str] | None:
+    """(name, version) of a plain ``name==version`` pin, valid under PEP 508 and PEP 440; None for
+    anything else (a URL, a marker, a name or version that is not one), which is left out."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        req = Requirement(entry)
+        (spec,) = req.specifier
+        Version(spec.version)
+    except (InvalidRequirement, InvalidVersion, ValueError):
+        return None
+    if req.url or req.marker or req.extras or spec.operator != "==" or "*" in spec.version:
+        return None
+    return req.name, spec.version
+
+
 def python_image_tag(python: str) -> str:
-    """``3.11.7`` from a recorded version like ``3.11.7`` or ``3.11.7 (main, ...)``."""
-    match = re.match(r"\d+\.\d+(\.\d+)?", python.strip())
-    return match.group(0) if match else "3"
+    """``3.11.7`` from a recorded version like ``3.11.7`` or ``3.11.7 (main, ...)``; ``3`` (the
+    latest 3.x image) for anything else, which the Dockerfile notes."""
+    match = _PYTHON_VERSION.fullmatch(python.strip())
+    return match.group(1) if match else "3"
 
 
 def dockerfile(manifest: Manifest, bundle_id: str) -> str:
@@ -228,17 +250,21 @@ def dockerfile(manifest: Manifest, bundle_id: str) -> str:
     env, hw = manifest.environment, manifest.hardware
     lines = [
         f"# Reproduction of flaketriage bundle {bundle_id}",
-        f"# Recorded on {env.platform} {env.machine} with {env.implementation} {env.python}.",
+        printable(f"# Recorded on {env.platform} {env.machine} with {env.implementation} {env.python}."),
     ]
+    tag = python_image_tag(env.python)
+    if not _PYTHON_VERSION.fullmatch(env.python.strip()):
+        lines.append(f"# The recorded Python version is not a version number: using python:{tag}.")
     if env.implementation != "CPython":
         lines.append("# The official python images are CPython; the recorded interpreter was not.")
     if hw.gpus:
+        gpu = printable(f"{hw.gpus[0].name}, CUDA {hw.cuda_version or '?'}")
         lines.append(
-            f"# The run used {len(hw.gpus)} GPU(s) ({hw.gpus[0].name}, CUDA {hw.cuda_version or '?'}): "
+            f"# The run used {len(hw.gpus)} GPU(s) ({gpu}): "
             "run with `docker run --gpus all` (NVIDIA Container Toolkit)."
         )
     lines += [
-        f"FROM python:{python_image_tag(env.python)}-slim",
+        f"FROM python:{tag}-slim",
         "WORKDIR /repro",
         "COPY requirements.txt ./",
         "RUN pip install --no-cache-dir -r requirements.txt",
@@ -253,14 +279,33 @@ def _write_logs(store: Store, manifest: Manifest, logs: Path) -> None:
     logs.mkdir()
     for name, ref in sorted(manifest.logs.items()):
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "log"
-        store.get_file(ref.sha256, logs / f"{safe}.txt")
+        store.get_file(ref.sha256, logs / f"{safe}.txt", max_size=ref.size)
     if manifest.failure.traceback:
         (logs / "traceback.txt").write_text(manifest.failure.traceback)
 
 
 # -- README ---------------------------------------------------------------------------------------
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+
+
+def _md_text(text: str) -> str:
+    """`text` as Markdown prose on one line: control characters escaped, and the characters that
+    make code, emphasis, links or HTML backslash-escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", printable(text))
+
+
+def _md_code(text: str) -> str:
+    """`text` as one Markdown code span, on one line, whatever backticks it holds."""
+    text = printable(text)
+    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _md_block(text: str, lang: str) -> list[str]:
+    """`text` as a fenced code block whose fence no line of it can close."""
+    fence = "`" * max(3, max(map(len, re.findall(r"`+", text)), default=0) + 1)
+    return [fence + lang, printable(text, keep_newlines=True), fence]
 
 
 def _determinism_note(sitecustomize: bool) -> str:
@@ -282,7 +327,7 @@ def readme(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: bool
     actual += [("Signal", f.signal), ("Detail", f.detail), ("Fingerprint", f.fingerprint)]
     timeout = manifest.command.timeout_s
     parts = [
-        f"# Reproduction: {_one_line(describe_failure(manifest))}",
+        f"# Reproduction: {_md_text(describe_failure(manifest))}",
         "",
         f"Exported by flaketriage from bundle `{bundle_id}`. Nothing here needs flaketriage.",
         "",
@@ -293,13 +338,11 @@ def readme(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: bool
         f"docker build -t {tag} . && docker run --rm {tag}    # with the recorded Python version",
         "```",
         "",
-        f"The recorded command, run in `{manifest.command.cwd}`:",
+        f"The recorded command, run in {_md_code(manifest.command.cwd)}:",
         "",
-        "```bash",
-        shlex.join(manifest.command.argv),
-        "```",
+        *_md_block(shell_join(manifest.command.argv), "bash"),
         "",
-        f"`run.sh` sets the seeds and runs it in `{cwd.as_posix()}`, with paths under the recorded "
+        f"`run.sh` sets the seeds and runs it in {_md_code(cwd.as_posix())}, with paths under the recorded "
         "working tree pointing into `workspace/`.",
     ]
     if timeout:
@@ -309,7 +352,7 @@ def readme(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: bool
         "## Expected and actual behaviour",
         "",
         "- **Expected:** the command exits 0.",
-        f"- **Actual** (recorded, in `logs/`): {_one_line(describe_failure(manifest))}.",
+        f"- **Actual** (recorded, in `logs/`): {_md_text(describe_failure(manifest))}.",
         "",
         markdown_table(actual),
         "",
@@ -331,8 +374,26 @@ def readme(manifest: Manifest, bundle_id: str, cwd: Path, *, sitecustomize: bool
         "- `requirements.txt`, `Dockerfile`: the recorded environment",
         "- `logs/`: the original stdout, stderr and traceback",
         "",
+        *_left_out_lines(manifest),
     ]
     return "\n".join(parts)
+
+
+def _left_out_lines(manifest: Manifest) -> list[str]:
+    """What `workspace/` lacks or holds masked, so that a run that fails differently is explained."""
+    lines: list[str] = []
+    masked = manifest.source.masked
+    if masked:
+        lines += [
+            "Secrets were replaced by `[REDACTED]` in these files (the run uses the masked copies):",
+            "",
+        ]
+        lines += [f"- `{printable(path)}`" for path in masked] + [""]
+    left_out = manifest.excluded_files()
+    if left_out:
+        lines += ["Never captured, so not in `workspace/`:", ""]
+        lines += [f"- `{printable(e.path)}`: {printable(e.reason)}" for e in left_out] + [""]
+    return lines
 
 
 def _seed_lines(manifest: Manifest) -> list[str]:
@@ -342,7 +403,10 @@ def _seed_lines(manifest: Manifest) -> list[str]:
         note = ""
         if name == "PYTHONHASHSEED" and seeds.python_hash_seed_chosen:
             note = " (the run left it unset; flaketriage chose this value and ran with it)"
-        lines.append(f"- `{name}={value}`{note}")
+        shown = shell_word(value) if has_undecodable(value) else value  # readable, and never a crash
+        lines.append(f"- {_md_code(f'{name}={shown}')}{note}")
     for label, reported in sorted(seeds.values.items()):
-        lines.append(f"- `{label}`: `{reported}` (reported by the program, which sets it itself)")
+        lines.append(
+            f"- {_md_code(label)}: {_md_code(str(reported))} (reported by the program, which sets it itself)"
+        )
     return lines or ["No seeds were recorded."]

@@ -10,9 +10,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaketriage.errors import GitError, SandboxError
+from flaketriage.errors import BundleError, GitError, SandboxError
 from flaketriage.git import Git
 from flaketriage.manifest import Manifest
+from flaketriage.manifest_safety import check_manifest
 from flaketriage.store import Store
 from flaketriage.stored_files import restore_data_input, restore_files, safe_join
 
@@ -33,9 +34,11 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _checkout(manifest: Manifest, dest: Path, git: Git) -> None:
+def _checkout(manifest: Manifest, dest: Path, git: Git, latest: bool = False) -> None:
     src = manifest.source
     assert src.commit is not None
+    # The branch's newest commit as the origin has it now (an isolation rerun: is it fixed yet?).
+    revision = f"origin/{src.branch}" if latest and src.branch else src.commit
     origins = [o for o in (src.repo_path, src.remote) if o]
     errors: list[str] = []
     for origin in origins:
@@ -43,39 +46,42 @@ def _checkout(manifest: Manifest, dest: Path, git: Git) -> None:
             errors.append(f"{origin}: not a directory on this machine")
             continue
         try:
-            git.run(["clone", "--quiet", "--no-checkout", origin, str(dest)], dest.parent)
-            git.run(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", src.commit], dest)
+            git.run(["clone", "--quiet", "--no-checkout", "--", origin, str(dest)], dest.parent)
+            git.run(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", revision], dest)
             return
         except GitError as exc:
             errors.append(f"`{exc.command}`: {exc.stderr or str(exc)}")
             shutil.rmtree(dest, ignore_errors=True)
     raise SandboxError(
-        f"cannot check out commit {src.commit}: "
+        f"cannot check out {revision}: "
         + "; ".join(errors or ["the bundle names no repository"])
         + ". Replay where the repository (or its remote) is reachable, or capture with --snapshot"
     )
 
 
-def materialize(store: Store, manifest: Manifest, dest: Path, *, git: Git) -> Workspace:
+def materialize(store: Store, manifest: Manifest, dest: Path, *, git: Git, latest: bool = False) -> Workspace:
     """Lay out the bundle's source and data under `dest` (which must not exist or be empty).
 
     A git source is cloned and checked out with `git`; a recorded diff that does not apply raises
-    `GitError`, a commit that cannot be checked out from anywhere `SandboxError`.
+    `GitError`, a commit that cannot be checked out from anywhere `SandboxError`. With `latest`, a
+    git source that recorded its branch is checked out at that branch's newest commit instead,
+    without the recorded diff (it belonged to the old commit): the code as it is now.
     """
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise SandboxError(f"{dest} is not empty; materialize into a new directory")
+    check_manifest(manifest)  # a hostile manifest is refused before anything is written
     src = manifest.source
     if src.kind == "git":
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
             dest.rmdir()
-        _checkout(manifest, dest, git)
-        if src.diff is not None:
+        _checkout(manifest, dest, git, latest)
+        if src.diff is not None and not (latest and src.branch):
             git.run(
                 ["apply", "--binary", "--whitespace=nowarn", "-"],
                 dest,
-                stdin=store.get_bytes(src.diff.sha256),
+                stdin=store.get_bytes(src.diff.sha256, max_size=src.diff.size),
                 hint=f"The bundle's recorded diff does not apply to commit {src.commit}, so the two do "
                 "not belong together; re-capture the failure, or capture it with --snapshot",
             )
@@ -83,7 +89,13 @@ def materialize(store: Store, manifest: Manifest, dest: Path, *, git: Git) -> Wo
         dest.mkdir(parents=True, exist_ok=True)
     restore_files(store, src.files, dest)
     cwd = safe_join(dest, src.subdir)
-    cwd.mkdir(parents=True, exist_ok=True)
+    try:
+        cwd.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BundleError(
+            f"cannot create the working directory {src.subdir!r:.120} under {dest}: {exc.strerror or exc}; "
+            "re-capture the failure if the bundle's paths clash"
+        ) from exc
     for data in manifest.data:
-        restore_data_input(store, data, cwd)
+        restore_data_input(store, data, cwd, workspace=dest)
     return Workspace(root=dest.resolve(), cwd=cwd)

@@ -81,24 +81,30 @@ class WorkerEnv:
         return open_store(url, readonly=not writable)
 
     def replayer(self, store_url: str, manifest: Manifest) -> Replayer:
+        """A materialized replayer of the bundle, kept for the next replay of it in this process."""
         key = (store_url, manifest.bundle_id)
         found = self._replayers.get(key)
         if found is not None:
             self._replayers.move_to_end(key)
             return found
-        replayer = Replayer(
+        replayer = self.fresh_replayer(store_url, manifest)
+        self._replayers[key] = replayer
+        while len(self._replayers) > REPLAYERS_KEPT:
+            _, old = self._replayers.popitem(last=False)
+            old.close()
+        return replayer
+
+    def fresh_replayer(self, store_url: str, manifest: Manifest, *, latest: bool = False) -> Replayer:
+        """A new replayer (the caller closes it); with `latest`, at its branch's newest commit."""
+        return Replayer(
             self.store(store_url),
             manifest,
             self.sandbox,
             context=self.context,
             default_timeout_s=self.settings.replay_timeout_s,
             memory_mb=self.settings.replay_memory_mb,
+            latest=latest,
         )
-        self._replayers[key] = replayer
-        while len(self._replayers) > REPLAYERS_KEPT:
-            _, old = self._replayers.popitem(last=False)
-            old.close()
-        return replayer
 
     def close(self) -> None:
         while self._replayers:
@@ -154,6 +160,8 @@ class Pipeline:
                 state = "waiting"
             else:
                 wanted = min(self.env.settings.replay_batch, policy.max_replays - len(rows))
+                if test.decided is Verdict.FLAKY:  # decided: only the rate's sample is left to fill
+                    wanted = min(wanted, policy.flaky_rate_replays - len(rows))
                 wanted = max(wanted, 1)
                 start = len(rows)
                 current = session.get(Work, work_id)
@@ -377,7 +385,7 @@ class Pipeline:
     def rerun(self, work_id: int) -> str:
         """Replay a quarantined failure in isolation; lift the quarantine when the sequential test
         says it no longer reproduces (never because of elapsed time alone)."""
-        return self._serial(work_id, self._after_rerun)
+        return self._serial(work_id, self._after_rerun, latest=True)
 
     def telemetry(self, work_id: int) -> str:
         """A longer run of a failure that did not reproduce: more replays and a longer time limit,
@@ -389,6 +397,7 @@ class Pipeline:
         work_id: int,
         after: Callable[[Session, Work, TriageResult, list[dict[str, Any]]], str],
         longer: bool = False,
+        latest: bool = False,
     ) -> str:
         if not claim(self.db, work_id):
             return "busy-or-done"
@@ -397,13 +406,16 @@ class Pipeline:
             store_url = str(work.store_url)
             manifest = load_manifest(self.env.store(store_url), str(work.bundle_id))
             policy = self.env.policy(max_replays=self.env.settings.max_replays * (3 if longer else 1))
-            replayer = self.env.replayer(store_url, manifest)
             samples: list[dict[str, Any]] = []
 
             def progress(_: str, done: int, __: int) -> None:
                 samples.append(host_sample(done))
 
-            with Heartbeat(self.db, work_id):
+            # Materialized afresh every time: a rerun asks about the code as it is now.
+            with (
+                self.env.fresh_replayer(store_url, manifest, latest=latest) as replayer,
+                Heartbeat(self.db, work_id),
+            ):
                 verdict, findings = decide(replayer, policy, progress)
             result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, findings=findings)
             with self.db.session() as session:

@@ -11,10 +11,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import QuarantineError, ReportError
-from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEntry, QuarantineEvidence
+from flaketriage.quarantine import (
+    FailureRate,
+    QuarantineDocument,
+    QuarantineEntry,
+    QuarantineEvidence,
+    refreshed_entry,
+)
 from flaketriage.workers.report.base import ReportRef, check_fingerprint, report_lock, utc_now
 from flaketriage.workers.verdict import VerdictResult
 
@@ -30,6 +37,24 @@ def evidence_of(result: VerdictResult) -> QuarantineEvidence:
         different=result.different,
         rate=FailureRate(estimate=result.rate.estimate, low=result.rate.low, high=result.rate.high),
     )
+
+
+class QuarantineWriter(Protocol):
+    """Where quarantine entries go: the JSON file (`Quarantine`), or the service's records."""
+
+    def add(
+        self,
+        fingerprint: str,
+        *,
+        test_id: str | None,
+        command: str,
+        bundle_id: str,
+        evidence: QuarantineEvidence,
+        reason: str,
+        issue_url: str | None = None,
+    ) -> ReportRef: ...
+
+    def remove(self, fingerprint: str) -> bool: ...
 
 
 class Quarantine:
@@ -62,21 +87,17 @@ class Quarantine:
         check_fingerprint(fingerprint)
         with self._locked():
             doc = self._load()
-            now = self._clock()
             old = doc.entries.get(fingerprint)
-            bundles = old.bundles if old is not None else ()
-            entry = QuarantineEntry(
+            entry = refreshed_entry(
+                old,
                 fingerprint=fingerprint,
                 test_id=test_id,
-                reason=reason,
-                evidence=evidence,
                 command=command,
                 bundle_id=bundle_id,
-                bundles=bundles if bundle_id in bundles else (*bundles, bundle_id),
-                occurrences=(old.occurrences if old is not None else 0) + 1,
-                issue_url=issue_url or (old.issue_url if old is not None else None),
-                quarantined_at=old.quarantined_at if old is not None else now,
-                updated_at=now,
+                evidence=evidence,
+                reason=reason,
+                issue_url=issue_url,
+                now=self._clock(),
             )
             self._save(doc.with_entry(entry))
         return ReportRef(kind="quarantine", location=str(self.path), created=old is None)

@@ -22,7 +22,6 @@ from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.git import Git
 from flaketriage.manifest import Manifest
-from flaketriage.metrics import read_metrics
 from flaketriage.redaction import MASK
 from flaketriage.replay_env import REPLAY_SETTINGS
 from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S
@@ -113,6 +112,7 @@ class Replayer:
         timeout_s: float | None = None,
         default_timeout_s: float = DEFAULT_REPLAY_TIMEOUT_S,
         memory_mb: int | None = None,
+        latest: bool = False,
     ) -> None:
         self.store = store
         self.manifest = manifest
@@ -125,7 +125,9 @@ class Replayer:
         context.temp_root.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix="flaketriage-replay-", dir=context.temp_root)).absolute()
         try:
-            self.template: Workspace = materialize(store, manifest, self._tmp / "template", git=context.git)
+            self.template: Workspace = materialize(
+                store, manifest, self._tmp / "template", git=context.git, latest=latest
+            )
             self._count = 0
             self._moved: list[tuple[str, str]] = []
             self._moved_for: Path | None = None
@@ -265,23 +267,29 @@ class Replayer:
             write_subset(self.template.cwd / data.path, target, data.format, subsets[data.path])
 
     def _classify(self, result: ProcessResult, ws: Workspace) -> ReplayResult:
-        criteria = self.manifest.criteria
-        metrics = None
-        if criteria.metrics:
-            metrics_file = ws.cwd / criteria.metrics_file if criteria.metrics_file else None
-            metrics = read_metrics(result.stdout, [m.name for m in criteria.metrics], metrics_file)
-        info = fingerprint_failure(
-            exit_code=result.exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            roots=[str(ws.cwd), str(ws.root)],
-            criteria=criteria,
-            metrics=metrics,
-            timed_out=result.timed_out,
-        )
+        def fingerprint(exit_code: int) -> FailureInfo | None:
+            return fingerprint_failure(
+                exit_code=exit_code,
+                stdout=result.stdout,
+                stderr=result.stderr,
+                roots=[str(ws.cwd), str(ws.root)],
+                criteria=self.manifest.criteria,
+                timed_out=result.timed_out,
+                metrics_dir=ws.cwd,
+            )
+
+        original = self.manifest.failure.fingerprint
+        info = fingerprint(result.unwrapped_exit_code)
+        unwrapped = result.unwrapped_exit_code != result.exit_code
+        if unwrapped and info is not None and info.fingerprint != original:
+            # A wrapper's 128 + N is read as signal N, but the program may have exited with that
+            # status itself (and the capture, with no wrapper, saw it so): that reading counts too.
+            literal = fingerprint(result.exit_code)
+            if literal is not None and literal.fingerprint == original:
+                info = literal
         if info is None:
             outcome = Outcome.PASSED
-        elif info.fingerprint == self.manifest.failure.fingerprint:
+        elif info.fingerprint == original:
             outcome = Outcome.REPRODUCED
         else:
             outcome = Outcome.DIFFERENT

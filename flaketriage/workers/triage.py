@@ -18,7 +18,6 @@ then decides whether there is anything to search; the polluters found must repro
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +26,12 @@ from flaketriage.bundle import load_manifest
 from flaketriage.errors import MinimizeError
 from flaketriage.fingerprint import FailureInfo
 from flaketriage.manifest import Manifest
+from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEOUT_S
 from flaketriage.store import Store
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters
-from flaketriage.workers.quarantine import Quarantine, evidence_of
+from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueSink, ReportRef
 from flaketriage.workers.report.render import render_issue
@@ -209,7 +209,7 @@ def triage(
     sandbox: Sandbox,
     policy: VerdictPolicy,
     sink: IssueSink | None,
-    quarantine: Quarantine | None,
+    quarantine: QuarantineWriter | None,
     context: ReplayContext,
     minimize: bool = False,
     timeout_s: float | None = None,
@@ -271,7 +271,7 @@ def report(
     manifest: Manifest,
     result: TriageResult,
     sink: IssueSink | None,
-    quarantine: Quarantine | None,
+    quarantine: QuarantineWriter | None,
     *,
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
 ) -> ReportRef | None:
@@ -298,7 +298,7 @@ def report(
         return quarantine.add(
             manifest.failure.fingerprint,
             test_id=manifest.failure.test_id,
-            command=shlex.join(manifest.command.argv),
+            command=shell_join(manifest.command.argv),
             bundle_id=result.bundle_id,
             evidence=evidence_of(v),
             reason=f"flaky: reproduced {v.reproductions} of {v.replays} replays",

@@ -40,7 +40,7 @@ def test_passing_command_leaves_no_bundle(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--", sys.executable, "-c", "print('all good')")
     assert proc.returncode == 0
     assert proc.stdout.startswith("all good")
-    assert _result(proc) == {"bundle": None, "exit_code": 0, "fingerprint": None}
+    assert _result(proc) == {"bundle": None, "exit_code": 0, "fingerprint": None, "error": None}
 
 
 def test_exit_code_passes_through_and_output_streams(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flaketriage.errors import ConfigError
+from flaketriage.errors import ConfigError, MetricsFileError
 from flaketriage.fingerprint import fingerprint_failure, frame_key
 from flaketriage.manifest import FailureCriteria, MetricBound
 from flaketriage.metrics import bound_violation, read_metrics
@@ -455,7 +455,9 @@ def test_read_metrics_from_output_and_file(tmp_path: Path) -> None:
     single = tmp_path / "metrics.json"
     single.write_text(json.dumps({"loss": 0.5}), encoding="utf-8")
     assert read_metrics("", ["loss"], single) == {"loss": 0.5}
-    assert read_metrics("", ["loss"], tmp_path / "absent.json") == {}
+    with pytest.raises(MetricsFileError, match="no such file") as absent:
+        read_metrics("", ["loss"], tmp_path / "absent.json")
+    assert absent.value.reason == "missing"
 
 
 # --- real programs, run in two workspaces ------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import PurePosixPath
 from flaketriage.bundle import describe_failure
 from flaketriage.errors import FlaketriageError
 from flaketriage.manifest import Manifest
+from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.workers.report.base import IssueDraft
@@ -102,7 +103,7 @@ def issue_title(manifest: Manifest) -> str:
     elif f.exception_type and (frame := _user_frame(f.traceback)):
         where = PurePosixPath(frame.replace("\\", "/")).name
     else:
-        where = shlex.join(manifest.command.argv)
+        where = shell_join(manifest.command.argv)
     room = MAX_TITLE - len(TITLE_PREFIX)
     where = _clip(_one_line(where), max(20, room // 2))
     suffix = f" in {where}" if where else ""
@@ -196,7 +197,7 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
     rows = [("Kind", f.kind), ("Test", f.test_id), ("Exception", f.exception_type), ("Message", f.message)]
     rows += [("Exit code", None if f.exit_code is None else str(f.exit_code)), ("Signal", f.signal)]
     rows += [("Detail", f.detail), ("Duration", f"{f.duration_s:.1f} s" if f.duration_s else None)]
-    rows += [("Command", shlex.join(manifest.command.argv))]
+    rows += [("Command", shell_join(manifest.command.argv))]
     parts = ["## Failure", "", markdown_table(rows)]
     if f.traceback:
         lines = f.traceback.rstrip().splitlines()
@@ -225,7 +226,7 @@ def _stderr_tail(store: Store, manifest: Manifest, tail_lines: int) -> str | Non
     if ref is None:
         return None
     try:
-        text = store.get_bytes(ref.sha256).decode("utf-8", "replace")
+        text = store.get_bytes(ref.sha256, max_size=ref.size).decode("utf-8", "replace")
     except FlaketriageError as exc:
         # The issue is still worth filing without the log; say why it is missing.
         return f"_The stderr log could not be read: {exc}_"
@@ -310,6 +311,12 @@ def _source(manifest: Manifest) -> str:
     rows += [("Working directory", src.subdir)]
     if src.skipped:
         rows.append(("Left out (too large)", ", ".join(src.skipped)))
+    left_out = manifest.excluded_files()
+    if left_out:
+        rows.append(("Left out (never captured)", "; ".join(f"{e.path}: {e.reason}" for e in left_out)))
+    if src.masked:
+        note = " (secrets replaced by [REDACTED]; replays run these copies, which may be why one fails)"
+        rows.append(("Masked", ", ".join(src.masked) + note))
     return "\n".join(["## Source", "", markdown_table(rows)])
 
 
@@ -344,7 +351,7 @@ def _minimization(minimal: Manifest) -> list[str]:
         lines.append(f"- `{path}`: kept {kept} of {of} {units.get(path, 'items')}")
     for flag, (before, after) in sorted(m.args.items()):
         lines.append(f"- `{flag}`: `{before}` → `{after}`")
-    lines += ["", f"Minimized command: `{shlex.join(minimal.command.argv)}`"]
+    lines += ["", f"Minimized command: `{shell_join(minimal.command.argv)}`"]
     if m.oracle_calls:
         lines[-1] += f" (found in {m.oracle_calls} replays)"
     return lines

@@ -1,11 +1,15 @@
 """`BubblewrapSandbox`: Linux namespaces through bubblewrap: no network, the original workspace hidden.
 
 The root file system is visible read-only (so the interpreter and installed packages work), /tmp
-is private, and only the replay's workspace is writable.
+is private, and only the replay's workspace is writable. The run has its own PID namespace, torn
+down (everything in it killed) when the command exits or bubblewrap dies (``--die-with-parent``).
+Bubblewrap reports the command's death by signal N as exit status 128 + N, so its results say so
+(`ProcessResult.wrapped_signals`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -87,6 +91,7 @@ class BubblewrapSandbox(Sandbox):
         return argv + list(spec.argv)
 
     def run(self, spec: SandboxSpec) -> ProcessResult:
-        return run_command(
+        result = run_command(
             self.command(spec), spec.cwd, spec.env, spec.timeout_s, preexec=limits_preexec(spec)
         )
+        return dataclasses.replace(result, wrapped_signals=True)

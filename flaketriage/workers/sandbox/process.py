@@ -1,7 +1,8 @@
 """`ProcessSandbox`: a plain subprocess in the materialized workspace, with rlimits.
 
 The weakest isolation: the run sees the network and the rest of the file system. Used where
-bubblewrap is not installed.
+bubblewrap is not installed. Each run has its own session under a `flaketriage.reaper`, so nothing
+it started (background jobs, daemons that ``setsid`` away) outlives it.
 """
 
 from __future__ import annotations
@@ -14,4 +15,6 @@ class ProcessSandbox(Sandbox):
     name = "process"
 
     def run(self, spec: SandboxSpec) -> ProcessResult:
-        return run_command(spec.argv, spec.cwd, spec.env, spec.timeout_s, preexec=limits_preexec(spec))
+        return run_command(
+            spec.argv, spec.cwd, spec.env, spec.timeout_s, preexec=limits_preexec(spec), contain=True
+        )

@@ -1,0 +1,321 @@
+"""The service's pipeline on real programs: batches of replays, the verdict, minimization, the report,
+reruns, leases and lost messages, driven in-process through an in-memory broker.
+
+`Drive` runs what the pipeline sends, in the order it was sent (or shuffled, or twice each), with the
+real sandbox and a real SQLite database; the Celery plumbing around it is tested end to end in
+tests/e2e/test_service.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from flaketriage.ci.capture import CaptureRequest, run_and_capture
+from flaketriage.ci.source import SourceLimits
+from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.orchestrator.intake import Intake, Sighting
+from flaketriage.quarantine import QuarantineEntry
+from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
+from flaketriage.settings import load_settings
+from flaketriage.store import LocalStore
+from flaketriage.work import Step
+from flaketriage.workers.comments import MarkdownCommenter
+from flaketriage.workers.leases import claim
+from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.replay import ReplayContext
+from flaketriage.workers.report import MemoryIssueSink
+from flaketriage.workers.sandbox import ProcessSandbox
+
+
+@dataclass
+class World:
+    tmp: Path
+    store: LocalStore
+    database: Database
+    sender: MemorySender
+    env: WorkerEnv
+    sink: MemoryIssueSink
+    intake: Intake
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.env)
+
+    def capture(self, source: str, *args: str, data: list[Path] | None = None, name: str = "job.py") -> str:
+        project = self.tmp / "project"
+        project.mkdir(exist_ok=True)
+        (project / name).write_text(source)
+        request = CaptureRequest(
+            argv=[sys.executable, name, *args],
+            cwd=project,
+            limits=SourceLimits(1 << 20, 1 << 24),
+            echo=False,
+            data=data or [],
+        )
+        result = run_and_capture(self.store, request)
+        assert result.bundle_id, result.process.stderr
+        return result.bundle_id
+
+    def announce(self, bundle_id: str, delivery: str | None = None, **extra: object) -> int:
+        manifest = json.loads(self.store.get_bytes(bundle_id))
+        sighting = Sighting(
+            fingerprint=manifest["failure"]["fingerprint"],
+            kind="bundle",
+            title="t",
+            bundle_id=bundle_id,
+            store_url=self.store.url,
+            **extra,  # type: ignore[arg-type]
+        )
+        result = self.intake.record("events", delivery or bundle_id[:32], "failure.captured", [sighting])
+        return result.cases[0]
+
+    def drive(self, *, order: str = "fifo", twice: bool = False, limit: int = 2000) -> int:
+        """Run every task sent until none is left; returns how many ran."""
+        ran = 0
+        rng = random.Random(7)
+        while self.sender.sent and ran < limit:
+            batch = self.sender.take()
+            if order == "shuffle":
+                rng.shuffle(batch)
+            for name, work_order, _queue in batch:
+                for _ in range(2 if twice else 1):
+                    step = name.split(".", 1)[1]
+                    if step == Step.REPLAY:
+                        self.pipeline.replay(work_order.work_id, int(work_order.replay or 0))
+                    else:
+                        getattr(self.pipeline, step)(work_order.work_id)
+                    ran += 1
+        assert not self.sender.sent, "the pipeline kept sending work"
+        return ran
+
+    def case(self, case_id: int) -> Case:
+        with self.database.session() as s:
+            case = s.get(Case, case_id)
+            assert case is not None
+            return case
+
+    def works(self, case_id: int) -> list[Work]:
+        with self.database.session() as s:
+            return list(s.scalars(select(Work).where(Work.case_id == case_id).order_by(Work.id)).all())
+
+    def replays(self, work_id: int) -> list[ReplayRow]:
+        with self.database.session() as s:
+            return list(
+                s.scalars(select(ReplayRow).where(ReplayRow.work_id == work_id).order_by(ReplayRow.idx))
+            )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    store = LocalStore(tmp_path / "store")
+    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
+    database.upgrade()
+    sender = MemorySender()
+    settings = load_settings(store=str(tmp_path / "store"), replay_batch=4, sweep_after_s=60)
+    dispatcher = Dispatcher(database, sender, sweep_after_s=60)
+    sink = MemoryIssueSink()
+    env = WorkerEnv(
+        settings=settings,
+        database=database,
+        dispatcher=dispatcher,
+        sandbox=ProcessSandbox(),
+        sink=sink,
+        commenter=MarkdownCommenter(tmp_path / "comments"),
+        context=ReplayContext.from_process(),
+    )
+    intake = Intake(database, dispatcher, retriage_after_s=3600, storm_window_s=0)
+    yield World(tmp_path, store, database, sender, env, sink, intake)
+    env.close()
+    database.dispose()
+
+
+DETERMINISTIC = "def main():\n    raise ZeroDivisionError('boom')\n\nmain()\n"
+# Fails when the replay's index-derived seed says so: half of the replays of any batch.
+FLAKY = (
+    "import os, random, sys\nrandom.seed()\nif random.random() < 0.5:\n    raise RuntimeError('flaky boom')\n"
+)
+
+
+def test_a_deterministic_failure_is_decided_in_batches_minimized_and_reported_once(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    assert world.case(case_id).status == "queued"
+    world.drive()
+    case = world.case(case_id)
+    assert (case.status, case.verdict) == ("reported", "deterministic")
+    steps = [(w.step, w.status) for w in world.works(case_id)]
+    assert steps == [("triage", "done"), ("minimize", "done"), ("report", "done")]
+    triage = world.works(case_id)[0]
+    replays = world.replays(triage.id)
+    # Batches of 4 (replay_batch): 5 reproductions in a row decide, so two batches ran.
+    assert len(replays) == 8 and {r.batch for r in replays} == {1, 2}
+    assert all(r.outcome == "reproduced" and r.runner and r.duration_s is not None for r in replays)
+    assert len(world.sink.issues) == 1
+    issue = next(iter(world.sink.issues.values()))
+    assert issue.occurrences == 1
+    assert case.report_url and case.evidence and case.evidence["verdict"] == "deterministic"
+
+
+def test_tasks_delivered_twice_and_out_of_order_do_no_work_twice(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    world.drive(order="shuffle", twice=True)
+    case = world.case(case_id)
+    assert (case.status, case.verdict) == ("reported", "deterministic")
+    assert [w.step for w in world.works(case_id)] == ["triage", "minimize", "report"]
+    assert len(world.replays(world.works(case_id)[0].id)) == 8
+    assert next(iter(world.sink.issues.values())).occurrences == 1
+
+
+def test_a_flaky_failure_is_quarantined_with_its_rate(world: World) -> None:
+    bundle = None
+    for _ in range(20):  # the capture itself must fail
+        project = world.tmp / "project"
+        project.mkdir(exist_ok=True)
+        try:
+            bundle = world.capture(FLAKY)
+            break
+        except AssertionError:
+            continue
+    assert bundle is not None
+    case_id = world.announce(bundle)
+    world.drive()
+    case = world.case(case_id)
+    assert case.verdict == "flaky", case.evidence
+    with world.database.session() as s:
+        row = s.get(QuarantineRow, case.fingerprint)
+        assert row is not None
+        entry = QuarantineEntry.model_validate(row.entry)
+    assert entry.bundle_id == bundle and 0 < entry.evidence.rate.estimate < 1
+    assert entry.evidence.replays >= 20  # flaky_rate_replays: the rate is sampled, not guessed from 2
+
+
+def test_a_requested_triage_comments_its_result_on_the_issue(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    world.announce(bundle, trigger="always", reply_to={"repository": "acme/models", "issue": 12})
+    world.drive()
+    comment = (world.tmp / "comments" / "acme__models__12.md").read_text()
+    assert "deterministic" in comment and bundle[:12] in comment
+
+
+def test_a_lost_message_is_sent_again_by_the_sweep(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    lost = world.sender.take()  # the broker restarted: every message it held is gone
+    assert len(lost) == 1
+    assert world.env.dispatcher.sweep() == 0  # not yet due
+    world.env.dispatcher.sweep_after = world.env.dispatcher.sweep_after * 0
+    assert world.env.dispatcher.sweep() == 1
+    world.drive()
+    assert world.case(case_id).status == "reported"
+
+
+def test_lost_replays_and_a_lost_triage_step_are_sent_again(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    first = world.sender.take()
+    world.pipeline.triage(first[0][1].work_id)  # sends the first batch of replays ...
+    assert len(world.sender.take()) == 4  # ... which the broker then loses
+    dispatcher = world.env.dispatcher
+    dispatcher.sweep_after = dispatcher.sweep_after * 0
+    dispatcher.replay_grace = dispatcher.replay_grace * 0
+    assert dispatcher.sweep() == 4
+    world.drive()
+    assert world.case(case_id).status == "reported"
+
+
+def test_a_step_is_held_by_one_worker_until_its_lease_runs_out(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    world.announce(bundle)
+    work_id = world.sender.take()[0][1].work_id
+    assert claim(world.database, work_id)
+    assert not claim(world.database, work_id)  # a second delivery while the first runs
+    assert world.pipeline.triage(work_id) == "busy-or-done"
+    with world.database.session() as s:
+        row = s.get(Work, work_id)
+        assert row is not None
+        row.heartbeat_at = row.heartbeat_at.replace(year=2000)  # type: ignore[union-attr]
+    assert claim(world.database, work_id)  # its worker died: another takes over
+
+
+def test_a_bundle_that_vanished_fails_the_case_with_the_reason(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    world.store.delete(bundle)
+    world.drive()
+    case = world.case(case_id)
+    assert case.status == "failed" and case.error and bundle[:12] in case.error
+
+
+def _quarantine(world: World, case_id: int, bundle: str) -> str:
+    fingerprint = world.case(case_id).fingerprint
+    entry = QuarantineEntry.model_validate(
+        {
+            "fingerprint": fingerprint,
+            "reason": "flaky",
+            "evidence": {
+                "replays": 20,
+                "reproductions": 4,
+                "rate": {"estimate": 0.2, "low": 0.05, "high": 0.4},
+            },
+            "command": "python job.py",
+            "bundle_id": bundle,
+            "bundles": [bundle],
+            "occurrences": 1,
+            "quarantined_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    with world.database.session() as s:
+        s.add(QuarantineRow(fingerprint=fingerprint, case_id=case_id, entry=entry.model_dump(mode="json")))
+    return fingerprint
+
+
+def test_isolation_reruns_run_the_branch_as_it_is_now_and_lift_the_quarantine_once_fixed(
+    world: World,
+) -> None:
+    from flaketriage.git import Git
+    from flaketriage.workers.upkeep import Upkeep
+
+    project = world.tmp / "project"
+    project.mkdir()
+    git, author = Git(), ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    git.run(["init", "-q", "-b", "main"], project)
+    (project / "job.py").write_text(DETERMINISTIC)
+    git.run([*author, "add", "job.py"], project)
+    git.run([*author, "commit", "-qm", "job"], project)
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    world.drive()
+    fingerprint = _quarantine(world, case_id, bundle)
+    upkeep = Upkeep(world.env)
+
+    assert upkeep.schedule_reruns() == 1
+    assert upkeep.schedule_reruns() == 0  # once per period, however often beat fires
+    world.drive()
+    with world.database.session() as s:
+        assert s.get(QuarantineRow, fingerprint) is not None  # the branch still fails: kept
+
+    (project / "job.py").write_text("def main():\n    return 0\n\nmain()\n")
+    git.run([*author, "commit", "-qam", "fix"], project)
+    world.env.settings = world.env.settings.model_copy(update={"rerun_every_s": 1e-3})  # the next period
+    assert upkeep.schedule_reruns() == 1
+    world.drive()
+    with world.database.session() as s:
+        assert s.get(QuarantineRow, fingerprint) is None
+        reruns = s.scalars(select(Work).where(Work.step == "rerun").order_by(Work.id)).all()
+        assert [w.result["state"] for w in reruns if w.result] == [
+            "still deterministic",
+            "fixed: quarantine lifted",
+        ]
+        # Lifted by the sequential test: every replay of the fixed branch passed, enough of them.
+        assert reruns[-1].result is not None and reruns[-1].result["replays"] >= 59
+    assert world.case(case_id).status == "fixed"
