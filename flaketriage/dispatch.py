@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import or_, select
+from sqlalchemy import Connection, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from flaketriage.errors import BrokerError
@@ -163,42 +164,39 @@ class Dispatcher:
         session.flush()
         return work, Outgoing(task_name(step), WorkOrder(work_id=work.id), str(queue))
 
-    def request_many(
-        self, session: Session, requests: Sequence[WorkRequest]
-    ) -> dict[str, tuple[Work, Outgoing | None]]:
-        """`request` for many at once (one query, one insert): by key, the work and, for work
-        created now, its task to send."""
-        if not requests:
-            return {}
-        keys = sorted({r.key for r in requests})
-        found: dict[str, tuple[Work, Outgoing | None]] = {
-            work.key: (work, None) for work in session.scalars(select(Work).where(Work.key.in_(keys))).all()
-        }
+    def request_many(self, conn: Connection, requests: Sequence[WorkRequest]) -> dict[str, Outgoing]:
+        """Record the work `requests` ask for, in one statement: by key, the task to send for each
+        work created now. A key already recorded (before, by a concurrent transaction, or by an
+        earlier request of the same call) is the same work and has none."""
         now = self.clock()
-        created: dict[str, tuple[WorkRequest, Work]] = {}
+        rows: dict[str, dict[str, Any]] = {}
         for r in requests:
-            if r.key in found or r.key in created:
-                continue
-            work = Work(
-                key=r.key,
-                step=str(r.step),
-                queue=str(r.queue),
-                case_id=r.case_id,
-                bundle_id=r.bundle_id,
-                store_url=r.store_url,
-                options=dict(r.options),
-                status=WorkStatus.QUEUED.value,
-                attempts=0,
-                batch=0,
-                created_at=now,
-                sent_at=now,
+            rows.setdefault(
+                r.key,
+                {
+                    "key": r.key,
+                    "step": str(r.step),
+                    "queue": str(r.queue),
+                    "case_id": r.case_id,
+                    "bundle_id": r.bundle_id,
+                    "store_url": r.store_url,
+                    "options": dict(r.options),
+                    "status": WorkStatus.QUEUED.value,
+                    "attempts": 0,
+                    "batch": 0,
+                    "created_at": now,
+                    "sent_at": now,
+                },
             )
-            session.add(work)
-            created[r.key] = (r, work)
-        session.flush()
-        for r, work in created.values():
-            found[r.key] = (work, Outgoing(task_name(r.step), WorkOrder(work_id=work.id), str(r.queue)))
-        return found
+        if not rows:
+            return {}
+        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        new_only = insert(Work).on_conflict_do_nothing(index_elements=[Work.key])
+        statement = new_only.returning(Work.id, Work.key)
+        return {
+            key: Outgoing(task_name(rows[key]["step"]), WorkOrder(work_id=work_id), rows[key]["queue"])
+            for work_id, key in conn.execute(statement, list(rows.values()))
+        }
 
     def replays(
         self, session: Session, work: Work, indices: Iterable[int], batch: int, *, queue: Queue | str

@@ -23,9 +23,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Connection, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
 from flaketriage.errors import RecordsError
@@ -104,12 +103,12 @@ def _storable(sighting: Sighting) -> Sighting:
     )
 
 
-def _merge(occurrence: Occurrence, sighting: Sighting) -> None:
+def _merge(occurrence: dict[str, Any], sighting: Sighting) -> None:
     """Add what a second sighting of the same case in the same delivery knows to its occurrence."""
-    occurrence.bundle_id = occurrence.bundle_id or sighting.bundle_id
-    occurrence.store_url = occurrence.store_url or sighting.store_url
-    occurrence.test_id = occurrence.test_id or sighting.test_id
-    occurrence.provenance = sighting.provenance | dict(occurrence.provenance)
+    occurrence["bundle_id"] = occurrence["bundle_id"] or sighting.bundle_id
+    occurrence["store_url"] = occurrence["store_url"] or sighting.store_url
+    occurrence["test_id"] = occurrence["test_id"] or sighting.test_id
+    occurrence["provenance"] = sighting.provenance | dict(occurrence["provenance"])
 
 
 def cause_key(kind: str, exception_type: str | None, message: str | None) -> str | None:
@@ -120,6 +119,97 @@ def cause_key(kind: str, exception_type: str | None, message: str | None) -> str
         return None
     text = f"{kind}|{exception_type or ''}|{normalize_message(message or '')}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_STATE = (
+    Case.id,
+    Case.fingerprint,
+    Case.cause_key,
+    Case.status,
+    Case.error,
+    Case.generation,
+    Case.storm_of,
+    Case.last_triage_at,
+    Case.occurrences,
+    Case.last_seen,
+)
+"""The columns of a case the triage rules read; all but the first three are written back."""
+
+
+@dataclass
+class _CaseRow:
+    """A case as one transaction sees it: read once, changed in memory, written back at the end."""
+
+    id: int
+    fingerprint: str
+    cause_key: str | None
+    status: str
+    error: str | None
+    generation: int
+    storm_of: int | None
+    last_triage_at: datetime | None
+    occurrences: int
+    last_seen: datetime
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> _CaseRow:
+        """The case in `row`, a row of the `_STATE` columns."""
+        return cls(*row)
+
+    def changes(self) -> dict[str, Any]:
+        """The parameters of `_WRITE_BACK` for this case."""
+        return {
+            "case_id": self.id,
+            "status": self.status,
+            "error": self.error,
+            "generation": self.generation,
+            "storm_of": self.storm_of,
+            "last_triage_at": self.last_triage_at,
+            "occurrences": self.occurrences,
+            "last_seen": self.last_seen,
+        }
+
+
+_WRITE_BACK = update(Case).where(Case.id == bindparam("case_id"))
+"""Executed with `_CaseRow.changes` of every case a batch sighted: the other keys are the SET clause."""
+
+
+@dataclass
+class _Batch:
+    """What one transaction knows of the cases: every case it sights (created when missing, locked on
+    PostgreSQL), the storm leaders those follow, and per cause the first case outside the batch that
+    could lead a storm. Rows outside the batch are only read; the batch's own are changed here."""
+
+    now: datetime
+    sighted: dict[str, _CaseRow]
+    """By fingerprint, in the order they were first sighted."""
+    by_id: dict[int, _CaseRow]
+    """The sighted cases, and the others the rules may read (leaders)."""
+    new: set[int]
+    """Cases created by this batch whose first sighting is still to come."""
+    outside_leaders: dict[str, _CaseRow] = field(default_factory=dict)
+    """Per cause, the first case outside the batch that leads a storm now (if any)."""
+    by_cause: dict[str, list[_CaseRow]] = field(default_factory=dict)
+    """The sighted cases by cause, in id order: the batch's own storm leader candidates."""
+    occurrences: list[dict[str, Any]] = field(default_factory=list)
+
+    def storm_leader(self, case: _CaseRow, window: timedelta) -> _CaseRow | None:
+        """The first case of `case`'s cause triaged within `window` that follows no other: what a
+        query would find had every change so far been written (the batch's own as they are now)."""
+        assert case.cause_key is not None
+        since = self.now - window
+        leader = self.outside_leaders.get(case.cause_key)
+        for other in self.by_cause.get(case.cause_key, ()):
+            if leader is not None and other.id > leader.id:
+                break
+            if (
+                other.id != case.id
+                and other.storm_of is None
+                and other.last_triage_at is not None
+                and other.last_triage_at >= since
+            ):
+                return other
+        return leader
 
 
 class Intake:
@@ -172,41 +262,38 @@ class Intake:
         self.dispatcher.send(outgoing)
         return results
 
-    def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing | None]]:
-        now = self.clock()
-        with self.database.session() as session:
-            known = self._known_deliveries(session, items)
-            cases, new = self._cases(session, items, now)
-            deliveries: list[tuple[Delivery | None, list[int], list[WorkRequest]]] = []
+    def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing]]:
+        """One transaction of a few statements, whatever the batch holds: the rules run on the rows
+        in memory, and what they wrote goes back in one statement per table."""
+        with self.database.transaction() as conn:
+            known = _known_deliveries(conn, items)
+            batch = self._batch(conn, items)
+            deliveries: list[tuple[dict[str, Any] | None, list[int], list[WorkRequest]]] = []
             for source, delivery_id, kind, sightings in items:
                 if (source, delivery_id) in known:
                     deliveries.append((None, [], []))
                     continue
                 known.add((source, delivery_id))
-                delivery = Delivery(
-                    source=source,
-                    delivery_id=delivery_id,
-                    kind=kind,
-                    outcome=(IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED).value,
-                    received_at=now,
-                )
-                session.add(delivery)
-                seen: dict[int, Occurrence] = {}
+                delivery = {
+                    "source": source,
+                    "delivery_id": delivery_id,
+                    "kind": kind,
+                    "outcome": (IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED).value,
+                    "received_at": batch.now,
+                }
+                seen: dict[int, dict[str, Any]] = {}
                 case_ids: list[int] = []
                 requests: list[WorkRequest] = []
                 for sighting in sightings:
-                    case = cases[sighting.fingerprint]
-                    request = self._sight(
-                        session, source, delivery_id, sighting, case, case.id in new, seen, now
-                    )
-                    new.discard(case.id)
+                    case = batch.sighted[sighting.fingerprint]
+                    request = self._sight(batch, source, delivery_id, sighting, case, seen)
                     if case.id not in case_ids:
                         case_ids.append(case.id)
                     if request is not None:
                         requests.append(request)
                 deliveries.append((delivery, case_ids, requests))
-            requested = self.dispatcher.request_many(session, [r for _, _, rs in deliveries for r in rs])
-            outgoing: list[Outgoing | None] = []
+            created = self.dispatcher.request_many(conn, [r for _, _, rs in deliveries for r in rs])
+            outgoing: list[Outgoing] = []
             results: list[IntakeResult] = []
             for recorded, case_ids, requests in deliveries:
                 if recorded is None:
@@ -214,99 +301,114 @@ class Intake:
                     continue
                 works: list[int] = []
                 for request in requests:
-                    work, sent = requested[request.key]
-                    if sent is None or sent in outgoing:
-                        continue  # the same work asked for again: it was started once
-                    works.append(work.id)
+                    sent = created.pop(request.key, None)
+                    if sent is None:
+                        continue  # recorded before, or asked for again in this batch: started once
+                    works.append(sent.order.work_id)
                     outgoing.append(sent)
-                    started = session.get(Case, request.case_id)
-                    assert started is not None
+                    started = batch.by_id[request.case_id or 0]
                     started.status, started.error, started.storm_of = CaseStatus.QUEUED.value, None, None
                 if works:
-                    recorded.outcome = IntakeOutcome.ACCEPTED.value
-                results.append(IntakeResult(IntakeOutcome(recorded.outcome), tuple(case_ids), tuple(works)))
+                    recorded["outcome"] = IntakeOutcome.ACCEPTED.value
+                outcome = IntakeOutcome(recorded["outcome"])
+                results.append(IntakeResult(outcome, tuple(case_ids), tuple(works)))
+            rows = [recorded for recorded, _, _ in deliveries if recorded is not None]
+            if rows:
+                conn.execute(insert(Delivery), rows)
+            if batch.occurrences:
+                conn.execute(insert(Occurrence), batch.occurrences)
+            if batch.sighted:
+                conn.execute(_WRITE_BACK, [case.changes() for case in batch.sighted.values()])
         return results, outgoing
 
-    def _known_deliveries(self, session: Session, items: Sequence[Item]) -> set[tuple[str, str]]:
-        pairs = {(source, delivery_id) for source, delivery_id, _, _ in items}
-        found = session.execute(
-            select(Delivery.source, Delivery.delivery_id).where(
-                tuple_(Delivery.source, Delivery.delivery_id).in_(sorted(pairs))
-            )
-        ).all()
-        return {(source, delivery_id) for source, delivery_id in found}
-
-    def _cases(
-        self, session: Session, items: Sequence[Item], now: datetime
-    ) -> tuple[dict[str, Case], set[int]]:
+    # -- the cases of a batch ------------------------------------------------------------------
+    def _batch(self, conn: Connection, items: Sequence[Item]) -> _Batch:
         """Every case the batch sights, by fingerprint (locked on PostgreSQL), the missing ones
-        created, and the ids of those created."""
+        created in one statement; then what the rules may read besides: leaders, storm candidates."""
+        now = self.clock()
         first: dict[str, Sighting] = {}
         for _, _, _, sightings in items:
             for sighting in sightings:
                 first.setdefault(sighting.fingerprint, sighting)
-        query = select(Case).where(Case.fingerprint.in_(sorted(first))).order_by(Case.id)
-        if not self.database.is_sqlite:
-            query = query.with_for_update()
-        cases = {case.fingerprint: case for case in session.scalars(query).all()}
-        created: list[Case] = []
-        for fingerprint, sighting in first.items():
-            if fingerprint in cases:
-                continue
-            case = Case(
-                fingerprint=fingerprint,
-                cause_key=sighting.cause_key,
-                kind=sighting.kind,
-                title=sighting.title[:500],
-                test_id=sighting.test_id,
-                job=sighting.job,
-                repository=sighting.repository,
-                status=CaseStatus.OPEN.value,
-                first_seen=now,
-                last_seen=now,
-                occurrences=0,
-                generation=0,
+        found: dict[str, _CaseRow] = {}
+        if first:
+            query = select(*_STATE).where(Case.fingerprint.in_(sorted(first))).order_by(Case.id)
+            if not self.database.is_sqlite:
+                query = query.with_for_update()
+            found = {row.fingerprint: _CaseRow.of(row) for row in conn.execute(query)}
+        missing = [s for fingerprint, s in first.items() if fingerprint not in found]
+        new = _create_cases(conn, missing, now)
+        sighted = {fingerprint: found.get(fingerprint) or new[fingerprint] for fingerprint in first}
+        batch = _Batch(
+            now=now,
+            sighted=sighted,
+            by_id={case.id: case for case in sighted.values()},
+            new={case.id for case in new.values()},
+        )
+        self._load_leaders(conn, batch)
+        return batch
+
+    def _load_leaders(self, conn: Connection, batch: _Batch) -> None:
+        """The leaders the batch's followers follow, and per cause the first case outside the batch
+        that leads a storm now: rows outside the batch do not change while it runs."""
+        followed = {c.storm_of for c in batch.sighted.values() if c.storm_of is not None} - batch.by_id.keys()
+        if followed:
+            for row in conn.execute(select(*_STATE).where(Case.id.in_(sorted(followed)))):
+                batch.by_id[row.id] = _CaseRow.of(row)
+        if self.storm_window <= timedelta(0):
+            return
+        for case in sorted(batch.sighted.values(), key=lambda c: c.id):
+            if case.cause_key is not None:
+                batch.by_cause.setdefault(case.cause_key, []).append(case)
+        if not batch.by_cause:
+            return
+        first = (
+            select(func.min(Case.id))
+            .where(
+                Case.cause_key.in_(sorted(batch.by_cause)),
+                Case.id.not_in(sorted(c.id for c in batch.sighted.values())),
+                Case.storm_of.is_(None),
+                Case.last_triage_at >= batch.now - self.storm_window,
             )
-            session.add(case)
-            cases[fingerprint] = case
-            created.append(case)
-        if created:
-            session.flush()  # their ids, in one statement
-        return cases, {case.id for case in created}
+            .group_by(Case.cause_key)
+        )
+        for row in conn.execute(select(*_STATE).where(Case.id.in_(first.scalar_subquery()))):
+            leader = batch.by_id.setdefault(row.id, _CaseRow.of(row))
+            batch.outside_leaders[str(leader.cause_key)] = leader
 
     # -- one sighting ---------------------------------------------------------------------------
     def _sight(
         self,
-        session: Session,
+        batch: _Batch,
         source: str,
         delivery_id: str,
         sighting: Sighting,
-        case: Case,
-        new: bool,
-        seen: dict[int, Occurrence],
-        now: datetime,
+        case: _CaseRow,
+        seen: dict[int, dict[str, Any]],
     ) -> WorkRequest | None:
+        new = case.id in batch.new
+        batch.new.discard(case.id)
         if case.id in seen:
             # One delivery, one occurrence per case: a Sentry event whose exception is the tagged
             # bundle's, or a check run naming two bundles of one failure, sees the case twice.
             _merge(seen[case.id], sighting)
         else:
             case.occurrences += 1
-            case.last_seen = now
-            seen[case.id] = Occurrence(
-                case_id=case.id,
-                source=source,
-                delivery_id=delivery_id,
-                bundle_id=sighting.bundle_id,
-                store_url=sighting.store_url,
-                test_id=sighting.test_id,
-                provenance=sighting.provenance,
-                received_at=now,
-            )
-            session.add(seen[case.id])
+            case.last_seen = batch.now
+            seen[case.id] = {
+                "case_id": case.id,
+                "source": source,
+                "delivery_id": delivery_id,
+                "bundle_id": sighting.bundle_id,
+                "store_url": sighting.store_url,
+                "test_id": sighting.test_id,
+                "provenance": sighting.provenance,
+                "received_at": batch.now,
+            }
+            batch.occurrences.append(seen[case.id])
         if not sighting.bundle_id or sighting.trigger == "never":
             return None
-        key = self._triage_key(session, case, new, sighting, delivery_id, now)
+        key = self._triage_key(batch, case, new, sighting, delivery_id)
         if key is None:
             return None
         options: dict[str, Any] = {"minimize": self.minimize}
@@ -314,7 +416,7 @@ class Intake:
             options["reply_to"] = sighting.reply_to
         # Later sightings in this batch see the triage this one starts, as they would have seen it
         # committed had they come one at a time.
-        case.status, case.last_triage_at = CaseStatus.QUEUED.value, now
+        case.status, case.last_triage_at = CaseStatus.QUEUED.value, batch.now
         return WorkRequest(
             key=key,
             step=Step.TRIAGE,
@@ -326,7 +428,7 @@ class Intake:
         )
 
     def _triage_key(
-        self, session: Session, case: Case, new: bool, sighting: Sighting, delivery_id: str, now: datetime
+        self, batch: _Batch, case: _CaseRow, new: bool, sighting: Sighting, delivery_id: str
     ) -> str | None:
         """The key of the triage this sighting starts, or None when it starts none."""
         if sighting.trigger == "always":
@@ -334,34 +436,73 @@ class Intake:
             request = hashlib.sha256(delivery_id.encode("utf-8")).hexdigest()[:32]
             return f"triage:{case.id}:{sighting.bundle_id}:request:{request}"
         if new or case.status == CaseStatus.OPEN.value:
-            leader = self._storm_leader(session, case, now)
+            leader = self._storm_leader(batch, case)
             if leader is not None:
                 case.storm_of = leader.id
                 case.status = leader.status
                 return None
             return f"triage:{case.id}:g{case.generation}"
         status, last = case.status, case.last_triage_at
-        leader = session.get(Case, case.storm_of) if case.storm_of is not None else None
+        leader = batch.by_id.get(case.storm_of) if case.storm_of is not None else None
         if leader is not None and last is None:
             # A storm follower was never triaged itself: its leader's triage stands for it.
             status, last = leader.status, leader.last_triage_at
-        stale = last is None or now - last > self.retriage_after
+        stale = last is None or batch.now - last > self.retriage_after
         if status in (CaseStatus.FIXED.value, CaseStatus.FAILED.value) or stale:
             case.generation += 1
             return f"triage:{case.id}:g{case.generation}"
         return None
 
-    def _storm_leader(self, session: Session, case: Case, now: datetime) -> Case | None:
+    def _storm_leader(self, batch: _Batch, case: _CaseRow) -> _CaseRow | None:
         if not case.cause_key or self.storm_window <= timedelta(0):
             return None
-        return session.scalars(
-            select(Case)
-            .where(
-                Case.cause_key == case.cause_key,
-                Case.id != case.id,
-                Case.storm_of.is_(None),
-                Case.last_triage_at >= now - self.storm_window,
-            )
-            .order_by(Case.id)
-            .limit(1)
-        ).first()
+        return batch.storm_leader(case, self.storm_window)
+
+
+def _known_deliveries(conn: Connection, items: Sequence[Item]) -> set[tuple[str, str]]:
+    pairs = {(source, delivery_id) for source, delivery_id, _, _ in items}
+    found = conn.execute(
+        select(Delivery.source, Delivery.delivery_id).where(
+            tuple_(Delivery.source, Delivery.delivery_id).in_(sorted(pairs))
+        )
+    )
+    return {(source, delivery_id) for source, delivery_id in found}
+
+
+def _create_cases(conn: Connection, sightings: Sequence[Sighting], now: datetime) -> dict[str, _CaseRow]:
+    """New cases for the first sightings of failures no case has yet, in one statement, by fingerprint."""
+    if not sightings:
+        return {}
+    rows = [
+        {
+            "fingerprint": s.fingerprint,
+            "cause_key": s.cause_key,
+            "kind": s.kind,
+            "title": s.title[:500],
+            "test_id": s.test_id,
+            "job": s.job,
+            "repository": s.repository,
+            "status": CaseStatus.OPEN.value,
+            "first_seen": now,
+            "last_seen": now,
+            "occurrences": 0,
+            "generation": 0,
+        }
+        for s in sightings
+    ]
+    ids = conn.execute(insert(Case).returning(Case.id, sort_by_parameter_order=True), rows).scalars().all()
+    return {
+        s.fingerprint: _CaseRow(
+            id=case_id,
+            fingerprint=s.fingerprint,
+            cause_key=s.cause_key,
+            status=CaseStatus.OPEN.value,
+            error=None,
+            generation=0,
+            storm_of=None,
+            last_triage_at=None,
+            occurrences=0,
+            last_seen=now,
+        )
+        for s, case_id in zip(sightings, ids, strict=True)
+    }

@@ -8,6 +8,7 @@ needed item look removable. The result is an ordinary bundle whose ``parent`` is
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -18,12 +19,13 @@ from typing import Any
 
 from flaketriage.bundle import write_bundle
 from flaketriage.errors import MinimizeError
-from flaketriage.manifest import BlobRef, Command, DataInput, Minimization
+from flaketriage.manifest import BlobRef, Command, DataInput, Manifest, Minimization
 from flaketriage.store import Store
 from flaketriage.stored_files import store_data_input
+from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, NoisyOracle
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
 from flaketriage.workers.subset_reducer import SubsetReducer, minimize_integer
-from flaketriage.workers.verdict import Outcome, clean_runs_needed
+from flaketriage.workers.verdict import Outcome
 
 _INT = re.compile(r"^\d+$")
 _KNOB_EXCLUDED = re.compile(r"seed|port|rank|device|gpu|world|worker|shard|id$", re.IGNORECASE)
@@ -99,42 +101,72 @@ class MinimizeResult:
         )
 
 
+TOP_UP_TRIALS = 20
+"""A failure that never passed is replayed whole until this many runs before minimizing: each such
+run is the cheapest evidence about its rate, and a tighter rate makes every candidate cheaper."""
+
+
+def planned_decisions(manifest: Manifest) -> int:
+    """How many pass-or-fail decisions a minimization of `manifest` plans for: the search's own
+    (two culprits per input at most, in expectation) and the knobs' binary searches."""
+    total = 0
+    for data in manifest.data:
+        if data.reducible and data.items > 1:
+            total += 2 * (math.ceil(math.log2(data.items)) + 1)
+    for knob in find_knobs(list(manifest.command.argv)):
+        total += math.ceil(math.log2(knob.value)) + 1
+    return max(1, total)
+
+
 class BundleMinimizer:
-    """Reduces one bundle through a `Replayer`; `failure_rate` is the measured reproduction rate."""
+    """Reduces one bundle through a `Replayer`, given the verdict's evidence: `reproductions` of
+    `trials` replays that either reproduced or passed (a replay that failed differently counts in
+    neither). How many clean runs make a candidate pass comes from that evidence's rate interval
+    (`NoisyOracle`), never from a point estimate."""
 
     def __init__(
         self,
         store: Store,
         replayer: Replayer,
         bundle_id: str,
-        failure_rate: float,
+        reproductions: int,
+        trials: int,
         progress: Progress | None = None,
-        beta: float = 0.05,
+        error: float = DEFAULT_ERROR,
     ) -> None:
-        if failure_rate <= 0:
-            raise MinimizeError("cannot minimize a failure that never reproduced; triage it first")
         self.store = store
         self.replayer = replayer
         self.manifest = replayer.manifest
         self.bundle_id = bundle_id
-        self.clean_runs = clean_runs_needed(failure_rate, beta)
+        self.noise = NoisyOracle(
+            reproductions, trials, decisions=planned_decisions(self.manifest), error=error
+        )
         self.progress = progress or (lambda _msg: None)
         self.oracle_calls = 0
         self.replays = 0
         self.last_failure: ReplayResult | None = None
 
+    def _run(self, variant: Variant | None) -> bool:
+        self.replays += 1
+        result = self.replayer.run(variant)
+        if result.outcome is Outcome.REPRODUCED:
+            self.last_failure = result
+            return True
+        return False
+
     def fails(self, variant: Variant) -> bool:
         """True when the variant reproduces the original failure (stops at the first one)."""
         self.oracle_calls += 1
-        for _ in range(self.clean_runs):
-            self.replays += 1
-            result = self.replayer.run(variant)
-            if result.outcome is Outcome.REPRODUCED:
-                self.last_failure = result
-                return True
-        return False
+        return self.noise.fails(lambda: self._run(variant))
+
+    def _top_up(self) -> None:
+        """Replay the whole bundle until `TOP_UP_TRIALS` runs, while it has never passed."""
+        noise = self.noise
+        while noise.trials < TOP_UP_TRIALS and noise.reproductions == noise.trials:
+            noise.observe(self._run(None))
 
     def run(self) -> MinimizeResult:
+        self._top_up()
         subsets: dict[str, list[int]] = {
             d.path: list(range(d.items)) for d in self.manifest.data if d.reducible
         }

@@ -295,7 +295,8 @@ class Pipeline:
                     store,
                     self.env.replayer(store_url, manifest),
                     manifest.bundle_id,
-                    triage_result.verdict.rate.estimate,
+                    triage_result.verdict.reproductions,
+                    triage_result.verdict.reproductions + triage_result.verdict.passes,
                 )
                 try:
                     minimized: MinimizeResult | None = minimizer.run()

@@ -3,9 +3,9 @@
 A test that failed in its suite but passes alone may depend on what an earlier test left behind (a
 module global, a file, an environment variable). iDFlakies calls the earlier test a *polluter* and the
 failing one its *victim*. The search replays ``pytest P... NODEID`` for subsets P of the tests that
-ran before the victim, in their original order, and reduces them with `SubsetReducer` (QuickXplain, checked
-and backed by ddmin): one polluter among n preceding tests costs about 2·log2(n) replays, where plain
-ddmin pays more (``bench/polluters.py``). The victim's failure counts only when its own summary
+ran before the victim, in their original order, and reduces them with `SubsetReducer` (culprits by
+binary search over prefixes, ddmin when the victim breaks monotonicity): one polluter among n
+preceding tests costs about log2(n) + 1 replays, where plain ddmin pays more (``bench/polluters.py``). The victim's failure counts only when its own summary
 lines carry the original fingerprint; other tests of the run may fail as they like.
 """
 

@@ -256,7 +256,8 @@ def triage(
                     store,
                     replayer,
                     bundle_id,
-                    verdict.rate.estimate,
+                    verdict.reproductions,
+                    verdict.reproductions + verdict.passes,
                     progress=(lambda msg: progress(msg, 0, 0)) if progress else None,
                 )
                 result.minimized = minimizer.run()

@@ -3,15 +3,19 @@
 A captured failure is replayed one run at a time; after each run the test either decides or asks for
 another. With the default ``VerdictPolicy`` it means, in plain words:
 
-* **Deterministic** after 5 reproductions in a row and nothing else. A flaky failure that fails half
-  the time does that only 1 time in 32 (0.5^5 ≈ 3%); rarer flakes, less often still.
-* **Flaky** as soon as one replay reproduces the failure and another does not (passes, or fails
-  differently): a deterministic failure reproduces every time, so this needs no statistics.
-* **Not reproduced** after 59 replays without one reproduction. A flaky failure that fails 1 time in
-  20 stays hidden that long fewer than 5 times in 100 (0.95^59 ≈ 4.9%).
-* **Different failure** when none of those 59 reproduces but some failed with another fingerprint,
-  or at once when the first 5 replays all fail with another fingerprint. A replay that fails
-  differently never counts as a reproduction.
+* **Deterministic** after 5 reproductions and no pass. A flaky failure that fails half the time does
+  that only 1 time in 32 (0.5^5 ≈ 3%); rarer flakes, less often still.
+* **Flaky** as soon as one replay reproduces the failure and another passes: a deterministic failure
+  reproduces every time, so this needs no statistics.
+* **Not reproduced** after 59 passing replays without one reproduction. A flaky failure that fails 1
+  time in 20 stays hidden that long fewer than 5 times in 100 (0.95^59 ≈ 4.9%).
+* **Different failure** when the first 5 replays all fail with another fingerprint and none passes
+  or reproduces.
+
+A replay that fails with another fingerprint is set aside: it is a finding (reported, listed with
+its count), never a reproduction, and never a pass. So an unrelated hiccup (an infrastructure error
+in 1% of replays) cannot make a deterministic failure look flaky, and the rates below are over the
+replays that either reproduced or passed.
 
 So a flaky failure whose failure rate lies between 5% and 50% is called deterministic or not
 reproduced at most 5% of the time (``alpha``); flakier or steadier ones are told apart even more
@@ -23,8 +27,9 @@ policies configured to need more, and a test that hits it reports its best guess
 A flaky verdict is certain at its first mixed outcome, but a rate from two replays says little, so
 replays go on to ``flaky_rate_replays`` (20) in all to narrow the interval (0 stops at once).
 
-Every verdict carries the reproduction rate (reproductions / replays) with an exact 95%
-Clopper–Pearson interval. A `VerdictResult` crosses process boundaries as JSON (``to_json`` /
+Every verdict carries the reproduction rate (reproductions / (reproductions + passes)) with an
+exact 95% Clopper–Pearson interval: a deterministic verdict after 5 of 5 says 0.48–1.00, so a report
+says how sure it is. A `VerdictResult` crosses process boundaries as JSON (``to_json`` /
 ``from_json``, exact inverses), in the shape ``flaketriage triage --json`` prints.
 """
 
@@ -219,12 +224,17 @@ class SequentialTest:
         return self.reproductions + self.passes + self.different
 
     @property
+    def informative(self) -> int:
+        """Replays that reproduced or passed: the ones the rate is estimated from."""
+        return self.reproductions + self.passes
+
+    @property
     def done(self) -> bool:
         """True once decided (and, for flaky, the rate sampled) or ``max_replays`` were added."""
         if self.replays >= self.policy.max_replays:
             return True
         if self.decided is Verdict.FLAKY:
-            return self.replays >= self.policy.flaky_rate_replays
+            return self.informative >= self.policy.flaky_rate_replays
         return self.decided is not None
 
     def add(self, outcome: Outcome) -> Verdict | None:
@@ -244,9 +254,12 @@ class SequentialTest:
         return self.decided
 
     def _rule(self) -> Verdict | None:
-        """The verdict the counts support, or None while they support none yet."""
-        others = self.passes + self.different
-        if self.reproductions and others:
+        """The verdict the counts support, or None while they support none yet.
+
+        Different failures are set aside: they decide nothing, except that a run of nothing else
+        from the start is a different failure.
+        """
+        if self.reproductions and self.passes:
             return Verdict.FLAKY
         if self.reproductions >= self._deterministic_after:
             return Verdict.DETERMINISTIC
@@ -254,24 +267,24 @@ class SequentialTest:
             return None
         if self.different == self.replays and self.different >= self._deterministic_after:
             return Verdict.DIFFERENT_FAILURE
-        if self.replays >= self._not_reproduced_after:
-            return Verdict.DIFFERENT_FAILURE if self.different else Verdict.NOT_REPRODUCED
+        if self.passes >= self._not_reproduced_after:
+            return Verdict.NOT_REPRODUCED
         return None
 
     def _best_guess(self) -> Verdict:
         """The verdict the counts lean to when the replays ran out before a decision."""
         if self.reproductions:
-            return Verdict.DETERMINISTIC  # any non-reproduction would already have made it flaky
-        return Verdict.DIFFERENT_FAILURE if self.different else Verdict.NOT_REPRODUCED
+            return Verdict.DETERMINISTIC  # any pass would already have made it flaky
+        return Verdict.DIFFERENT_FAILURE if self.different > self.passes else Verdict.NOT_REPRODUCED
 
     def result(self) -> VerdictResult:
         """The verdict so far (decided or best guess), counts, and reproduction-rate interval."""
-        n, k = self.replays, self.reproductions
+        n, k = self.informative, self.reproductions
         low, high = clopper_pearson(k, n, self.policy.confidence)
         return VerdictResult(
             verdict=self.decided if self.decided is not None else self._best_guess(),
             decided=self.decided is not None,
-            replays=n,
+            replays=self.replays,
             reproductions=k,
             passes=self.passes,
             different=self.different,

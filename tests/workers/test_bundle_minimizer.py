@@ -72,11 +72,11 @@ def test_noisy_failure_is_minimized_without_losing_a_culprit(tmp_path: Path) -> 
     store, bundle = _capture(root, NOISY, rows=120)
     manifest = load_manifest(store, bundle)
     with Replayer(store, manifest, ProcessSandbox(), context=ReplayContext.from_process()) as replayer:
-        # A candidate passes only after enough clean runs that a 70% failure would have shown:
-        # 3 for the default 5% error, 6 for the 0.1% this test asks so that it cannot flake.
-        assert BundleMinimizer(store, replayer, bundle, failure_rate=0.7).clean_runs == 3
-        minimizer = BundleMinimizer(store, replayer, bundle, failure_rate=0.7, beta=0.001)
-        assert minimizer.clean_runs == 6
+        # A candidate passes only after enough clean runs that the failure, at the lowest rate 14
+        # reproductions in 20 replays allow, would have shown: more for a smaller accepted error.
+        default = BundleMinimizer(store, replayer, bundle, 14, 20).noise.clean_runs
+        minimizer = BundleMinimizer(store, replayer, bundle, 14, 20, error=0.001)
+        assert 1 < default < minimizer.noise.clean_runs
         result = minimizer.run()
     assert result.data == {"rows.jsonl": (2, 120)}
     minimal = load_manifest(store, result.bundle_id)
@@ -96,7 +96,7 @@ def test_minimizing_a_failure_that_never_reproduced_is_refused(tmp_path: Path) -
         ) as replayer,
         pytest.raises(MinimizeError, match="never reproduced"),
     ):
-        BundleMinimizer(store, replayer, bundle, failure_rate=0.0)
+        BundleMinimizer(store, replayer, bundle, 0, 20)
 
 
 def _capture_data(root: Path, script: str, data: str) -> tuple[LocalStore, str]:
@@ -114,7 +114,7 @@ def _minimize(store: LocalStore, bundle: str) -> tuple[dict[str, tuple[int, int]
     with Replayer(
         store, load_manifest(store, bundle), ProcessSandbox(), context=ReplayContext.from_process()
     ) as replayer:
-        result = BundleMinimizer(store, replayer, bundle, failure_rate=1.0).run()
+        result = BundleMinimizer(store, replayer, bundle, 5, 5).run()
     return result.data, result.bundle_id
 
 

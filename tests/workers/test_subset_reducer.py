@@ -76,7 +76,8 @@ def test_result_fails_and_is_one_minimal_for_arbitrary_predicates(items: list[in
         # Fails on the whole input, and on about a third of all subsets, with no structure at all.
         return tuple(subset) == whole or random.Random(f"{seed}{tuple(subset)}").random() < 1 / 3
 
-    result = SubsetReducer(predicate).reduce(items)
+    # Nothing can be inferred from a predicate without structure: `confirm` asks every removal.
+    result = SubsetReducer(predicate, confirm=True).reduce(items)
     assert is_subsequence(result, items)
     assert_one_minimal(result, predicate)
 
@@ -173,3 +174,48 @@ def test_minimize_integer_edges() -> None:
     assert minimize_integer(1000, lambda v: True) == (1, 1)
     with pytest.raises(MinimizeError, match="below the lowest"):
         minimize_integer(0, lambda v: True, lowest=1)
+
+
+@pytest.mark.parametrize(("k", "budget"), [(1, 15), (2, 34), (4, 66)])
+def test_culprits_cost_close_to_the_information_bound_every_time(k: int, budget: int) -> None:
+    rng = random.Random(k)
+    n = 10_000
+    for _ in range(25):
+        culprits = set(rng.sample(range(n), k))
+        asked: list[frozenset[int]] = []
+
+        def predicate(subset: Sequence[int], culprits: set[int] = culprits) -> bool:
+            asked.append(frozenset(subset))
+            return culprits <= set(subset)
+
+        reducer = SubsetReducer(predicate)
+        assert reducer.reduce(range(n)) == sorted(culprits)
+        assert reducer.calls <= budget
+        # Known facts are never asked: the whole input, and nothing twice.
+        assert frozenset(range(n)) not in asked and len(asked) == len(set(asked))
+
+
+def test_a_failure_that_needs_any_one_of_several_items_gets_one() -> None:
+    culprits = {17, 4_242, 9_001}
+    reducer = SubsetReducer(lambda subset: bool(culprits & set(subset)))
+    found = reducer.reduce(range(10_000))
+    assert len(found) == 1 and found[0] in culprits
+    assert reducer.calls <= 15
+
+
+def test_an_empty_set_known_to_pass_is_not_asked() -> None:
+    asked: list[tuple[int, ...]] = []
+
+    def predicate(subset: Sequence[int]) -> bool:
+        asked.append(tuple(subset))
+        return 0 in subset
+
+    assert SubsetReducer(predicate, empty_fails=False).reduce(range(64)) == [0]
+    assert () not in asked
+    asked.clear()
+    assert SubsetReducer(predicate).reduce(range(64)) == [0]
+    assert () in asked  # unknown, and the answer depended on it
+
+
+def test_a_failure_that_needs_no_item_is_told_apart() -> None:
+    assert SubsetReducer(lambda subset: True).reduce(range(100)) == []
