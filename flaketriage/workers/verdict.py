@@ -66,6 +66,12 @@ class Outcome(StrEnum):
     REPRODUCED = "reproduced"
     PASSED = "passed"
     DIFFERENT = "different_failure"
+    SANDBOX = "sandbox"
+    """The replay broke a limit of its sandbox (time, memory, processes, network) without failing
+    the way it was captured: evidence about the sandbox, not about the failure."""
+    ENVIRONMENT = "environment"
+    """The replay could not run in the bundle's environment (a package that cannot be installed, a
+    Python version this runner lacks): nothing was learned about the failure."""
 
 
 class Verdict(StrEnum):
@@ -78,6 +84,11 @@ class Verdict(StrEnum):
     ORDER_DEPENDENT = "order_dependent"
     """Passes alone, fails after certain earlier tests (its polluters). The sequential test never
     gives it: triage does, after searching the tests that ran before (`workers.polluters`)."""
+    ENVIRONMENT = "environment"
+    """No replay could run in the bundle's environment; the reason is in the findings."""
+    ENVIRONMENT_SPECIFIC = "environment_specific"
+    """Reproduces on the runner (or hardware) it was captured on and not on others, or the reverse.
+    The sequential test never gives it: hardware attribution across runners does."""
 
 
 def _smallest_power_at_most(base: float, target: float) -> int:
@@ -174,6 +185,10 @@ class VerdictResult:
     passes: int
     different: int
     rate: RateInterval
+    sandbox: int = 0
+    """Replays that broke a sandbox limit without failing as captured."""
+    environment: int = 0
+    """Replays that could not run in the bundle's environment."""
 
     def to_json(self) -> dict[str, Any]:
         """The verdict's part of ``flaketriage triage --json``; `from_json` reads it back."""
@@ -184,6 +199,8 @@ class VerdictResult:
             "failures": self.reproductions,
             "passes": self.passes,
             "different_failures": self.different,
+            "sandbox_limits": self.sandbox,
+            "environment_failures": self.environment,
             "failure_rate": self.rate.to_json(),
         }
 
@@ -198,6 +215,8 @@ class VerdictResult:
             passes=data["passes"],
             different=data["different_failures"],
             rate=RateInterval.from_json(data["failure_rate"]),
+            sandbox=data.get("sandbox_limits", 0),
+            environment=data.get("environment_failures", 0),
         )
 
 
@@ -216,12 +235,14 @@ class SequentialTest:
         self.reproductions = 0
         self.passes = 0
         self.different = 0
+        self.sandbox = 0
+        self.environment = 0
         self.decided: Verdict | None = None
 
     @property
     def replays(self) -> int:
         """Outcomes added so far."""
-        return self.reproductions + self.passes + self.different
+        return self.reproductions + self.passes + self.different + self.sandbox + self.environment
 
     @property
     def informative(self) -> int:
@@ -246,6 +267,10 @@ class SequentialTest:
             self.passes += 1
         elif outcome == Outcome.DIFFERENT:
             self.different += 1
+        elif outcome == Outcome.SANDBOX:
+            self.sandbox += 1
+        elif outcome == Outcome.ENVIRONMENT:
+            self.environment += 1
         else:
             raise ConfigError(f"expected a replay outcome, one of {', '.join(Outcome)}; got {outcome!r}")
         verdict = self._rule()
@@ -256,9 +281,12 @@ class SequentialTest:
     def _rule(self) -> Verdict | None:
         """The verdict the counts support, or None while they support none yet.
 
-        Different failures are set aside: they decide nothing, except that a run of nothing else
-        from the start is a different failure.
+        Different failures, sandbox limits and environment failures are set aside: they decide
+        nothing, except that a run of nothing else from the start decides that this is what replays
+        give (a different failure, or an environment that cannot be had here).
         """
+        if self.environment and self.environment == self.replays:
+            return Verdict.ENVIRONMENT  # the environment cannot be had here: more replays won't help
         if self.reproductions and self.passes:
             return Verdict.FLAKY
         if self.reproductions >= self._deterministic_after:
@@ -288,6 +316,8 @@ class SequentialTest:
             reproductions=k,
             passes=self.passes,
             different=self.different,
+            sandbox=self.sandbox,
+            environment=self.environment,
             rate=RateInterval(estimate=k / n if n else 0.0, low=low, high=high),
         )
 
