@@ -223,7 +223,7 @@ def test_triage_json_has_the_documented_shape() -> None:
     data = result.to_json()
     assert list(data) == [
         "bundle", "verdict", "decided", "replays", "failures", "passes", "different_failures",
-        "failure_rate", "findings", "polluters", "polluter_search", "minimal_bundle", "minimal",
+        "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "polluter_search", "minimal_bundle", "minimal",
         "minimize_error", "report",
     ]  # fmt: skip
     assert data["minimal_bundle"] == "c" * 64
