@@ -166,7 +166,10 @@ class BundleMinimizer:
             noise.observe(self._run(None))
 
     def run(self) -> MinimizeResult:
-        self._top_up()
+        if any(d.reducible and d.items > 1 for d in self.manifest.data) or find_knobs(
+            list(self.manifest.command.argv)
+        ):
+            self._top_up()  # only where there is something to reduce
         subsets: dict[str, list[int]] = {
             d.path: list(range(d.items)) for d in self.manifest.data if d.reducible
         }
