@@ -31,6 +31,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from goals import check
+
 MB = 1_000_000
 SLACK = 150 * MB
 FAIL = [sys.executable, "-c", "raise SystemExit(1)"]
@@ -161,7 +165,15 @@ def main() -> int:
     )
     floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"floor (this process's own peak, which every child's figure starts from): {floor / MB:.0f} MB")
-    print(f"\nall captures within their goal: {'PASS' if ok else 'FAIL'}")
+    print()
+    for name, file_size, goal, capture, _, _, passed in rows:
+        check(
+            f"capture --data {name} ({file_size / MB:.0f} MB): max peak RSS MB",
+            f"{max(capture) / MB:.0f}",
+            "<",
+            f"{goal / MB:.0f}",
+            passed,
+        )
     return 0 if ok else 1
 
 

@@ -65,10 +65,11 @@ end
 
 
 def serve(port: int) -> None:
-    """The server process: the real app with a bare route beside it."""
-    import uvicorn
+    """The server process: the real app with a bare route beside it, served as ``flaketriage serve``
+    serves it (`flaketriage.orchestrator.server.run`)."""
     from fastapi.responses import Response
 
+    from flaketriage.orchestrator import server
     from flaketriage.orchestrator.app import create_app
     from flaketriage.orchestrator.service import build_service
     from flaketriage.settings import load_settings
@@ -79,7 +80,7 @@ def serve(port: int) -> None:
     def bare() -> Response:
         return Response(status_code=202)
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    server.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def write_requests(path: Path, store: Path, count: int) -> None:

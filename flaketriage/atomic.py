@@ -4,11 +4,14 @@ Readers see the old file or the new one, never half of one, and a crash leaves a
 temp file, never a truncated target (`remove_stale` deletes those once they are an hour old).
 Every writer of a whole file uses this: `write_atomic` when the content and the target are known
 up front, `staged_file` when the target is only known once the content is written (a
-content-addressed object named by its hash).
+content-addressed object named by its hash), `write_unsynced` for many small files that the caller
+syncs together later (a store's objects).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import tempfile
 import time
@@ -28,15 +31,18 @@ class StagedFile:
         """Where the temp file is (hidden, in the directory `staged_file` was given)."""
         self.committed = False
 
-    def commit(self, target: Path, *, mode: int = 0o644, overwrite: bool = True) -> bool:
+    def commit(self, target: Path, *, mode: int = 0o644, overwrite: bool = True, fsync: bool = True) -> bool:
         """Flush, fsync and rename the temp file to `target` (parents created); raises OSError.
 
         ``mode`` replaces mkstemp's 0600, which would hide reports and caches from the people and
         processes they are for. With ``overwrite=False`` an existing `target` is kept and False
         returned: for content-addressed targets, where any writer of a name writes the same bytes.
+        ``fsync=False`` leaves syncing to the caller, who syncs many files at once later (a store's
+        small objects) and must do so before anything durable names them.
         """
         self.file.flush()
-        os.fsync(self.file.fileno())
+        if fsync:
+            os.fsync(self.file.fileno())
         self.file.close()
         if not overwrite and target.exists():
             return False
@@ -65,18 +71,50 @@ def staged_file(directory: Path, *, prefix: str = ".tmp-") -> Iterator[StagedFil
 
 
 def write_atomic(
-    path: Path, data: bytes | Iterable[bytes], *, mode: int = 0o644, overwrite: bool = True
+    path: Path,
+    data: bytes | Iterable[bytes],
+    *,
+    mode: int = 0o644,
+    overwrite: bool = True,
+    fsync: bool = True,
 ) -> bool:
     """Replace `path` with `data` (bytes, or chunks streamed in order); raises OSError.
 
     Missing parent directories are created; an exception raised while `data` is consumed leaves
-    `path` untouched and removes the temp file. With ``overwrite=False`` an existing `path` is kept
-    (see `StagedFile.commit`). Returns whether `path` was written.
+    `path` untouched and removes the temp file. With ``overwrite=False`` an existing `path` is kept,
+    and with ``fsync=False`` the caller syncs it later (see `StagedFile.commit`). Returns whether
+    `path` was written.
     """
     with staged_file(path.parent, prefix=f".{path.name}.") as staged:
         for chunk in [data] if isinstance(data, bytes) else data:
             staged.file.write(chunk)
-        return staged.commit(path, mode=mode, overwrite=overwrite)
+        return staged.commit(path, mode=mode, overwrite=overwrite, fsync=fsync)
+
+
+_UNIQUE = itertools.count()
+
+
+def write_unsynced(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write `data` to a hidden temp file in `path`'s directory (which must exist) and rename it to
+    `path`, replacing what is there, without syncing: the fewest system calls for one of thousands
+    of small files that the caller syncs together (``syncfs``) before anything durable names them.
+    Raises OSError; a failed write leaves `path` untouched and removes the temp file."""
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory, f".{name}.{os.getpid()}.{next(_UNIQUE)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask may have narrowed it
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 STALE_AFTER_S = 3600.0

@@ -1,18 +1,21 @@
 """Bundles in a store: write (blobs first, manifest last), resolve ids, load, list and verify.
 
 A manifest is itself a blob whose key is the bundle id, and the ``bundles/<id>`` ref that lists it
-is written only after the manifest: a bundle that is listed is complete.
+is written only after the manifest: a bundle that is listed is complete. Its file lists are objects
+of their own, written just before it and read back (verified, bounded) by `read_manifest`, the one
+way to load a manifest; `bundle_objects` names every object a bundle needs.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from flaketriage.errors import BundleError, BundleNotFoundError, FlaketriageError, ObjectNotFoundError
-from flaketriage.manifest import Manifest
+from flaketriage.manifest import FileListRef, Manifest
 from flaketriage.manifest_safety import manifest_problems
 from flaketriage.os_strings import shell_join
 from flaketriage.store import Store
@@ -73,18 +76,43 @@ def describe_failure(manifest: Manifest) -> str:
 
 
 def write_bundle(store: Store, manifest: Manifest) -> str:
-    """Write the manifest after checking every blob it names is present; return the bundle id."""
+    """Write the manifest after checking every blob it names is present; return the bundle id.
+
+    Its file lists are written first (nothing when the store has them: an unchanged workspace
+    shares them), then the manifest; the store makes all of it durable (`Store.flush`) before the
+    index entry lists the bundle.
+    """
     missing = [ref.sha256 for ref in manifest.blobs() if not store.has(ref.sha256)]
     if missing:
         raise BundleError(
             f"refusing to write a manifest that names {len(missing)} blob(s) missing from the store "
             f"(first: {missing[0]}); write the blobs first"
         )
+    for _, listed in manifest.file_lists():
+        store.put_bytes(listed)
     raw = manifest.canonical_json()
     ref = store.put_bytes(raw)
-    summary = BundleSummary.of(manifest).to_json()
-    store.put_ref(REF_PREFIX + ref.sha256, json.dumps(summary, sort_keys=True).encode())
+    store.flush()
+    store.put_ref(REF_PREFIX + ref.sha256, index_entry(manifest))
     return ref.sha256
+
+
+def bundle_objects(manifest: Manifest) -> Iterator[str]:
+    """Every object key a bundle needs, each once, in the order a copy must write them: the blobs
+    (files, data, logs, checkpoint), the file-list objects that list the files, then the manifest
+    itself (its key is the bundle id). `manifest` as `read_manifest` returns it (lists loaded)."""
+    seen: set[str] = set()
+    keys = [ref.sha256 for ref in manifest.blobs()]
+    keys += [ref.sha256 for ref, _ in manifest.file_lists()]
+    for key in [*keys, manifest.bundle_id]:
+        if key not in seen:
+            seen.add(key)
+            yield key
+
+
+def index_entry(manifest: Manifest) -> bytes:
+    """The ``bundles/<id>`` ref that lists a bundle: its summary as JSON."""
+    return json.dumps(BundleSummary.of(manifest).to_json(), sort_keys=True).encode()
 
 
 def resolve_id(store: Store, ident: str) -> str:
@@ -126,13 +154,35 @@ def read_manifest(store: Store, bundle_id: str) -> Manifest:
         raise BundleNotFoundError(
             f"bundle {bundle_id} is listed but its manifest is missing from {store.location}"
         ) from exc
-    manifest = Manifest.from_json(raw, where=f"manifest of bundle {bundle_id[:12]}")
+    where = f"manifest of bundle {bundle_id[:12]}"
+    manifest = Manifest.from_json(raw, where=where, load_list=lambda ref: _read_file_list(store, ref, where))
     if manifest.bundle_id != bundle_id:
         raise BundleError(
             f"manifest of bundle {bundle_id[:12]} does not re-encode to its id (got "
             f"{manifest.bundle_id[:12]}); it was written by an incompatible flaketriage"
         )
     return manifest
+
+
+def _read_file_list(store: Store, ref: FileListRef, where: str) -> bytes:
+    """A file-list object's bytes, verified, and never more than the manifest records for it (nor
+    `MAX_MANIFEST_BYTES`)."""
+    what = f"the file list {ref.sha256[:12]} of {where}"
+    if ref.size > MAX_MANIFEST_BYTES:
+        raise BundleError(
+            f"{what} is recorded with {ref.size} bytes, more than the {MAX_MANIFEST_BYTES} a file list may "
+            "hold (real ones are kilobytes to a few megabytes); the bundle is damaged or hostile"
+        )
+    try:
+        raw = store.get_bytes(ref.sha256, max_size=ref.size)
+    except ObjectNotFoundError as exc:
+        raise BundleError(
+            f"{what} is missing from {store.location}, so the bundle's files are unknown; restore the "
+            "store from a copy, or re-capture the failure"
+        ) from exc
+    if len(raw) != ref.size:
+        raise BundleError(f"{what} has {len(raw)} bytes, the manifest says {ref.size}; the bundle is damaged")
+    return raw
 
 
 def list_bundles(store: Store) -> list[BundleSummary]:
@@ -251,6 +301,7 @@ def verify_bundle(store: Store, ident: str) -> VerifyReport:
             "`bundle list` shows something else than the bundle holds; re-capture the failure"
         )
     report.problems += manifest_problems(manifest)
+    report.blobs += len(manifest.file_lists())  # read and verified with the manifest
     for ref in manifest.blobs():
         report.blobs += 1
         try:

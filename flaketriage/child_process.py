@@ -19,12 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Literal
 
 from flaketriage import interrupts, reaper
 from flaketriage.errors import CaptureError, ConfigError
+from flaketriage.hangs import HangDump, dump_hung
 
 MAX_KEPT_BYTES = 64 << 20  # per stream; the head is dropped past this, the tail is what matters
+
+Limit = Literal["timeout", "memory", "pids", "network", "filesystem"]
+"""A sandbox limit a run broke: its time limit, its memory, its number of processes, the network it
+was denied, or the file system outside its workspace, read-only to it."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class ProcessResult:
     wrapped_signals: bool = False
     """The command ran under a wrapper that reports death by signal N as exit status 128 + N (a
     shell, bubblewrap), so such a status stands for that signal: see `unwrapped_exit_code`."""
+    hang: HangDump | None = None
+    """For a run that timed out: its Python stacks, dumped before it was killed (`flaketriage.hangs`)."""
+    limit: Limit | None = None
+    """The sandbox limit the run broke, when one did (a run over its time limit is ``timeout``):
+    whether that makes the run a reproduction or a sandbox outcome is the replay's to decide."""
 
     @property
     def unwrapped_exit_code(self) -> int:
@@ -95,13 +105,16 @@ def run_command(
     echo: bool = False,
     preexec: Callable[[], None] | None = None,
     contain: bool = False,
+    dump_hang: bool = True,
 ) -> ProcessResult:
     """Run `argv` to completion, or until `timeout_s` or an interrupt: then its process group is killed.
 
     With `contain` (replays) the command runs under a `flaketriage.reaper`, so every process it
     started ends with it, whether it exited, timed out or was interrupted, even those that left its
     process group. Without it (capture) what the command leaves running when it exits is its own.
-    A command that cannot start raises `CaptureError`: nothing ran.
+    A command that cannot start raises `CaptureError`: nothing ran. A run that passes `timeout_s`
+    has its Python stacks dumped before it is killed (`ProcessResult.hang`), unless `dump_hang` is
+    False.
     """
     check_command(argv)
     check_timeout(timeout_s, "the time limit")
@@ -134,6 +147,13 @@ def run_command(
     out: list[bytes] = []
     err: list[bytes] = []
     ending = _Ending(proc, reaped=runner is not None)
+    if dump_hang:
+        ending.dump = lambda pid: dump_hung(
+            pid,
+            lambda: sum(map(len, err)),
+            lambda n: b"".join(err)[-n:] if n > 0 else b"",
+            below_only=runner is not None,  # the reaper is Python too, and ours
+        )
     timer: threading.Timer | None = None
     try:
         try:
@@ -167,6 +187,8 @@ def run_command(
         timed_out=ending.timed_out,
         duration_s=time.monotonic() - started,
         wrapped_signals=runs_in_shell(argv, cwd, env),
+        hang=ending.hang,
+        limit="timeout" if ending.timed_out else None,
     )
 
 
@@ -182,6 +204,9 @@ class _Ending:
         self.finished = threading.Event()
         """Set once the waiting thread saw the process exit."""
         self.timed_out = False
+        self.dump: Callable[[int], HangDump | None] | None = None
+        """Dumps the stacks of a run that timed out, before it is ended (`flaketriage.hangs`)."""
+        self.hang: HangDump | None = None
 
     def request(self) -> None:
         """A reaper is sent SIGTERM (it ends the command and all below it); a plain group is killed."""
@@ -198,6 +223,11 @@ class _Ending:
 
     def on_timeout(self) -> None:
         self.timed_out = True
+        if self.dump is not None:
+            try:
+                self.hang = self.dump(self.proc.pid)
+            except Exception:  # evidence only: a failed dump must never keep a run alive
+                self.hang = None
         self.request()
         if self.reaped and not self.finished.wait(self.GRACE_S):
             self.force()

@@ -6,6 +6,10 @@
     ├── ConfigError                   a setting or option has a value that cannot work
     ├── StoreError                    the content-addressed store
     │   ├── StoreNotWritableError     the store path cannot be created or written
+    │   ├── StoreUnreachableError     the store's server (an S3 endpoint) cannot be reached
+    │   ├── StoreCredentialsError     no credentials for the store, or it rejects them
+    │   ├── StorePermissionError      the credentials work but may not do this (403, AccessDenied)
+    │   ├── StoreNotFoundError        the store itself (an S3 bucket) does not exist
     │   ├── ObjectNotFoundError       a blob or manifest the caller named is not there
     │   ├── CorruptObjectError        a blob's bytes do not hash to its key (or it is empty, undecodable)
     │   └── ObjectTooLargeError       a blob inflates past the size its manifest records (or a read's cap)
@@ -16,9 +20,13 @@
     │   └── MetricsFileError          a declared metrics file is missing, unreadable or holds no metrics
     │                                 after the run (recorded as a ``metric`` failure, never a pass)
     ├── SandboxError                  materializing a workspace or running a replay in isolation
+    ├── ReplayEnvironmentError        the bundle's Python environment cannot be had on this runner (a
+    │                                 package that will not install, a missing Python): an
+    │                                 ``environment`` outcome, never a crash
     ├── GitError                      a git command failed or timed out, or git is not installed
     ├── MinimizeError                 reducing a failing bundle
     ├── ReportError                   writing an issue or a quarantine entry
+    │   └── IssueTrackerError         GitHub refused or failed a call (``status``: its HTTP status)
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
     ├── RecordsError                  the service's database: unreachable, or a write refused
@@ -68,6 +76,23 @@ class StoreError(FlaketriageError):
 
 class StoreNotWritableError(StoreError):
     """The store path cannot be created or written."""
+
+
+class StoreUnreachableError(StoreError):
+    """The store's server (an S3 endpoint) cannot be reached: refused, timed out, unknown host."""
+
+
+class StoreCredentialsError(StoreError):
+    """There are no credentials for the store, or the store rejects them (an unknown key, a wrong
+    secret, an expired token)."""
+
+
+class StorePermissionError(StoreError):
+    """The store accepts the credentials but refuses this operation (HTTP 403, ``AccessDenied``)."""
+
+
+class StoreNotFoundError(StoreError):
+    """The store itself does not exist (an S3 bucket), as opposed to one object in it."""
 
 
 class ObjectNotFoundError(StoreError):
@@ -143,6 +168,14 @@ class SandboxError(FlaketriageError):
     """Materializing a workspace or running a replay in isolation failed."""
 
 
+class ReplayEnvironmentError(FlaketriageError):
+    """The bundle's environment (its Python version and package freeze) cannot be built here.
+
+    Replays report it as `Outcome.ENVIRONMENT` with the message as the reason; nothing runs against
+    the wrong versions.
+    """
+
+
 class GitError(FlaketriageError):
     """A git command failed, timed out, or could not start (``flaketriage.git.Git`` raises it).
 
@@ -165,6 +198,16 @@ class MinimizeError(FlaketriageError):
 
 class ReportError(FlaketriageError):
     """Writing an issue or a quarantine entry failed."""
+
+
+class IssueTrackerError(ReportError):
+    """The issue tracker (GitHub) refused a call or could not be reached; the message says which
+    call, what GitHub answered and what to check (token scopes, the repository's name, issues
+    disabled, ...). ``status`` is the HTTP status (None when GitHub was not reached)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class QuarantineError(FlaketriageError):

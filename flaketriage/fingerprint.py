@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flaketriage.errors import ConfigError, MetricsFileError
+from flaketriage.hangs import STUCK_FRAMES, HangDump, frame_function
 from flaketriage.manifest import Failure, FailureCriteria
 from flaketriage.metrics import bound_violation, read_metrics
 from flaketriage.normalize import clean_line, normalize_message, strip_ansi
@@ -112,12 +113,14 @@ def fingerprint_failure(
     metrics: Mapping[str, float] | None = None,
     timed_out: bool = False,
     metrics_dir: str | os.PathLike[str] | None = None,
+    hang: HangDump | None = None,
 ) -> FailureInfo | None:
     """How the run failed under ``criteria``, or None when it did not fail.
 
-    First match wins: a timeout; a metric out of bounds; a fail pattern; then, for a non-zero exit
-    (when ``criteria.nonzero_exit``), pytest's summary, a Python traceback (stderr, else stdout), and
-    last the exit status or signal with the last error-looking line of stderr. A negative
+    First match wins: a timeout (with `hang`, the stacks dumped before it was killed, the signature
+    names the frames it was stuck in: `hang_info`); a metric out of bounds; a fail pattern; then, for
+    a non-zero exit (when ``criteria.nonzero_exit``), pytest's summary, a Python traceback (stderr,
+    else stdout), and last the exit status or signal with the last error-looking line of stderr. A negative
     ``exit_code`` is death by signal ``-exit_code``; ``None`` means no exit status is known.
 
     ``metrics`` are the values to check; when None they are read from stdout and stderr, and from
@@ -127,7 +130,7 @@ def fingerprint_failure(
     """
     criteria = criteria or FailureCriteria()
     if timed_out:
-        return _info("timeout", "timeout", exit_code=exit_code, detail="the run passed its time limit")
+        return hang_info(hang, _expand_roots(roots), exit_code)
     unreadable: MetricsFileError | None = None
     if criteria.metrics and metrics is None:
         try:
@@ -153,6 +156,37 @@ def fingerprint_failure(
         if error is not None:
             return _python_info(error, _expand_roots(roots), exit_code, signal_name)
     return _exit_info(exit_code, signal_name, stdout, stderr)
+
+
+def hang_info(hang: HangDump | None, roots: Sequence[str], exit_code: int | None = None) -> FailureInfo:
+    """The failure of a run that passed its time limit.
+
+    With the stacks dumped before it was killed, the signature is ``timeout|`` and the innermost
+    `STUCK_FRAMES` frames its main thread was stuck in (outermost first, each as `frame_key`
+    writes it), so two hangs in the same place are one failure and a hang elsewhere another; the
+    dump is the traceback. Without a dump (not a Python program, nothing could trace it) it is
+    plain ``timeout``.
+    """
+    stuck = hang.stuck() if hang is not None else ()
+    if hang is None or not stuck:
+        return _info("timeout", "timeout", exit_code=exit_code, detail="the run passed its time limit")
+    keys: list[str] = []
+    for frame in reversed(stuck[:STUCK_FRAMES]):
+        key = clean_line(frame_key(frame.filename, frame_function(frame.function), roots))
+        if not keys or keys[-1] != key:
+            keys.append(key)
+    innermost = stuck[0]
+    where = f"{frame_key(innermost.filename, frame_function(innermost.function), roots)}"
+    if innermost.lineno is not None:
+        where += f" (line {innermost.lineno})"
+    return _info(
+        "timeout",
+        "timeout|" + ">".join(keys),
+        traceback=hang.text(),
+        detail=f"the run passed its time limit, stuck in {where}",
+        message=f"hung in {where}",
+        exit_code=exit_code,
+    )
 
 
 def _metric_failure(

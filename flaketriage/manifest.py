@@ -3,23 +3,28 @@
 A manifest names every blob by SHA-256; its canonical JSON (sorted keys, no spaces, UTF-8) hashes
 to the bundle id. Unknown fields are refused, so a manifest from a newer schema fails loudly, and
 ``schema_version`` changes with any change that re-encodes an existing manifest differently (its
-id would no longer match). Version 2 added `PytestContext` (the ``pytest`` field). The command's
-arguments, directory and environment are `OsStr`: bytes that are not UTF-8 survive as marked escapes.
+id would no longer match). Version 2 added `PytestContext` (the ``pytest`` field). Version 3 keeps
+each file list (the source's, a data directory's) in an object of its own that the manifest names
+(`FileListRef`): an unchanged workspace captured again shares that object, so the new manifest
+stays a few kilobytes. In memory a `Manifest` holds its lists whole (``source.files``); only its
+stored form splits them out, and `Manifest.from_json` puts them back. The command's arguments,
+directory and environment are `OsStr`: bytes that are not UTF-8 survive as marked escapes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 from flaketriage.errors import BundleError
 from flaketriage.os_strings import OsStr
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_NESTING = 64
 """The deepest a manifest's JSON may nest: real ones nest a few levels (annotations a few more)."""
 
@@ -52,6 +57,77 @@ class FileEntry(_Model):
     refuses any other)."""
 
 
+class FileListRef(_Model):
+    """A file list stored as an object of its own: the canonical JSON of its entries (a list, each
+    entry's keys sorted, no spaces, UTF-8), whose SHA-256 is its key."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    count: int = Field(ge=1)
+    """How many entries it holds (an empty list is not stored: the field is left out)."""
+
+
+_FILE_LIST: TypeAdapter[tuple[FileEntry, ...]] = TypeAdapter(tuple[FileEntry, ...])
+FileListLoader = Callable[[FileListRef], bytes]
+"""Reads a file list's bytes from the store (verified, bounded): what `Manifest.from_json` needs."""
+
+
+def encode_file_list(files: Sequence[FileEntry]) -> bytes:
+    """The stored form of a file list: its canonical JSON."""
+    return json.dumps(
+        _FILE_LIST.dump_python(tuple(files), mode="json"),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode("utf-8")
+
+
+def decode_file_list(raw: bytes, ref: FileListRef, where: str) -> tuple[FileEntry, ...]:
+    """The entries of a stored file list (`raw`, the bytes of the object `ref` names), refused with a
+    `BundleError` unless it is exactly what `encode_file_list` writes for them."""
+    what = f"the file list {ref.sha256[:12]} of {where}"
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"{what} is not valid JSON ({exc!s:.80}); the store is damaged") from exc
+    if not isinstance(data, list) or _nested_deeper_than(data, 3):
+        raise BundleError(f"{what} is not a list of file entries; the store is damaged or hostile")
+    if len(data) != ref.count:
+        raise BundleError(
+            f"{what} holds {len(data)} entries, the manifest says {ref.count}; the bundle is damaged, "
+            "re-capture the failure"
+        )
+    try:
+        files = _FILE_LIST.validate_python(data)
+    except ValidationError as exc:
+        raise BundleError(f"{what} is not a valid file list: {_one_line(exc)}") from exc
+    if encode_file_list(files) != raw:
+        raise BundleError(
+            f"{what} does not re-encode to itself (it is not the canonical JSON flaketriage writes); "
+            "it was written by an incompatible flaketriage, or tampered with: re-capture the failure"
+        )
+    return files
+
+
+class _Listing(_Model):
+    """A tree whose `files` the stored form keeps in a list object of its own."""
+
+    files: tuple[FileEntry, ...] = ()
+    _listed: tuple[tuple[FileEntry, ...], FileListRef, bytes] | None = PrivateAttr(default=None)
+
+    def file_list(self) -> tuple[FileListRef, bytes] | None:
+        """The list object for `files` (its reference and bytes); None when there are none."""
+        if not self.files:
+            return None
+        cached = self._listed
+        # Compared by identity: a copy with other files (`model_copy`) shares this cache.
+        if cached is None or cached[0] is not self.files:
+            raw = encode_file_list(self.files)
+            ref = FileListRef(sha256=hashlib.sha256(raw).hexdigest(), size=len(raw), count=len(self.files))
+            cached = self._listed = (self.files, ref, raw)
+        return cached[1], cached[2]
+
+
 class ExcludedFile(_Model):
     """A file left out of the bundle on purpose (a credential file, a link out of the workspace)."""
 
@@ -59,7 +135,7 @@ class ExcludedFile(_Model):
     reason: str
 
 
-class Source(_Model):
+class Source(_Listing):
     """The code that ran: a git commit plus uncommitted work, or a snapshot of the directory."""
 
     kind: Literal["git", "snapshot", "none"] = "none"
@@ -140,7 +216,7 @@ class Failure(_Model):
     duration_s: float = 0.0
 
 
-class DataInput(_Model):
+class DataInput(_Listing):
     """A declared, reducible input restored at the same path (relative to the cwd) on replay."""
 
     path: OsStr
@@ -165,6 +241,9 @@ class GPU(_Model):
     utilization_pct: float | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+    sm_count: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Streaming multiprocessors (NVML's ``multiprocessorCount``, else torch's device properties).
+    Left out of the JSON when unknown, so manifests written before it keep their bundle ids."""
 
 
 class Hardware(_Model):
@@ -236,7 +315,7 @@ class Minimization(_Model):
 class Manifest(_Model):
     """Everything needed to reproduce one failure."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     kind: Literal["command", "test", "training"] = "command"
     command: Command
@@ -260,10 +339,24 @@ class Manifest(_Model):
     minimization: Minimization | None = None
 
     def canonical_json(self) -> bytes:
-        """The bytes the bundle id hashes: sorted keys, no whitespace, UTF-8."""
-        return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        """The stored form, whose bytes the bundle id hashes: sorted keys, no whitespace, UTF-8, and
+        each file list replaced by a reference to its object (`file_lists`)."""
+        data = self.model_dump(mode="json", exclude={"source": {"files"}, "data": {"__all__": {"files"}}})
+        for tree, owner in [(data["source"], self.source), *zip(data["data"], self.data, strict=True)]:
+            listed = owner.file_list()
+            if listed is not None:
+                tree["file_list"] = listed[0].model_dump(mode="json")
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    def file_lists(self) -> list[tuple[FileListRef, bytes]]:
+        """The list objects the stored form names (reference and bytes), each once: the source's,
+        then each data directory's."""
+        found: dict[str, tuple[FileListRef, bytes]] = {}
+        for owner in [self.source, *self.data]:
+            listed = owner.file_list()
+            if listed is not None:
+                found.setdefault(listed[0].sha256, listed)
+        return list(found.values())
 
     @property
     def bundle_id(self) -> str:
@@ -300,8 +393,11 @@ class Manifest(_Model):
         return out
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str = "manifest") -> Manifest:
-        """Parse a manifest, with an error that says which field was wrong."""
+    def from_json(
+        cls, raw: bytes, where: str = "manifest", load_list: FileListLoader | None = None
+    ) -> Manifest:
+        """Parse a stored manifest, with an error that says which field was wrong; its file lists
+        are read with `load_list` (`flaketriage.bundle.read_manifest` passes the store's)."""
         try:
             data = json.loads(raw)
         except ValueError as exc:
@@ -327,10 +423,50 @@ class Manifest(_Model):
                 f"{where} has schema_version {version!r:.40}, this flaketriage reads {SCHEMA_VERSION}; "
                 f"{advice}"
             )
+        if isinstance(data, dict):
+            data = _with_file_lists(data, where, load_list)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
             raise BundleError(f"{where} is not a valid bundle manifest: {_one_line(exc)}") from exc
+
+
+def _with_file_lists(data: dict[str, Any], where: str, load_list: FileListLoader | None) -> dict[str, Any]:
+    """The manifest's JSON with each ``file_list`` reference replaced by the ``files`` it lists."""
+    out = dict(data)
+    source = out.get("source")
+    if isinstance(source, dict):
+        out["source"] = _tree_files(source, "source", where, load_list)
+    trees = out.get("data")
+    if isinstance(trees, list):
+        out["data"] = [
+            _tree_files(tree, f"data.{i}", where, load_list) if isinstance(tree, dict) else tree
+            for i, tree in enumerate(trees)
+        ]
+    return out
+
+
+def _tree_files(
+    tree: dict[str, Any], field: str, where: str, load_list: FileListLoader | None
+) -> dict[str, Any]:
+    if "files" in tree:
+        raise BundleError(
+            f"{where} lists {field}.files inline, where schema {SCHEMA_VERSION} names a file-list object "
+            "(file_list); the manifest is damaged or hostile: re-capture the failure"
+        )
+    if "file_list" not in tree:
+        return tree
+    rest = dict(tree)
+    try:
+        ref = FileListRef.model_validate(rest.pop("file_list"))
+    except ValidationError as exc:
+        raise BundleError(
+            f"{where} is not a valid bundle manifest: {field}.file_list: {_one_line(exc)}"
+        ) from exc
+    if load_list is None:
+        raise BundleError(f"{where} names a file list ({field}), which can only be read from its store")
+    rest["files"] = decode_file_list(load_list(ref), ref, where)
+    return rest
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import hashlib
+import hmac
 import itertools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -153,6 +156,33 @@ _VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
     )
 )
 
+_GUARDS: dict[re.Pattern[str], tuple[str, ...]] = dict(
+    zip(
+        _VALUE_PATTERNS,
+        (
+            ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+            ("github_pat_",),
+            ("glpat-",),
+            ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+            ("xoxa-", "xoxb-", "xoxp-", "xoxo-", "xoxs-", "xoxr-"),
+            ("eyJ",),
+            ("sk-",),
+            ("hf_",),
+            ("AIza",),
+            ("npm_",),
+            ("pypi-",),
+            ("k_live_",),
+            ("earer",),
+            ("://",),
+            ("-----BEGIN",),
+        ),
+        strict=True,
+    )
+)
+"""Text each built-in pattern's matches contain (one of them): where none occurs the pattern is not
+run. A substring test is a fast scan; a pattern that starts with a look-behind tries every position,
+which made masking the text files of a source snapshot the slowest part of a capture."""
+
 # NAME=value, NAME: value, "name": "value", --name=value, --name value. Only the name and separator
 # are matched, so that scanning resumes inside the value: in ``X=password=abc`` the inner pair is seen.
 _ASSIGNMENT = re.compile(
@@ -204,6 +234,7 @@ class Redactor:
         self._patterns = _VALUE_PATTERNS + tuple(_compile(p) for p in extra_patterns)
         self._known: set[str] = set()
         self._known_pattern: re.Pattern[str] | None = None
+        self._fingerprint: tuple[bytes, str] | None = None
 
     def is_secret_name(self, name: str) -> bool:
         """Whether a variable or option named ``name`` holds a secret, judged from the name alone."""
@@ -262,11 +293,33 @@ class Redactor:
                 out.append(self.redact_text(arg))
         return tuple(out)
 
+    def fingerprint(self, key: bytes) -> str:
+        """A keyed hash of everything masking depends on besides the text: this flaketriage's
+        version (its rules), the patterns and names (built-in and extra) and the secret values
+        remembered so far. Equal fingerprints mask equal text equally. Keyed (HMAC), so that without
+        `key` it confirms no guessed secret."""
+        if self._fingerprint is not None and self._fingerprint[0] == key:
+            return self._fingerprint[1]
+        from flaketriage import __version__
+
+        rules = [
+            __version__,
+            [p.pattern for p in (*self._patterns, _COOKIE_HEADER, _ASSIGNMENT, _VALUE, _OPTION_VALUE)],
+            sorted(self._extra_names),
+            sorted(self._known),
+        ]
+        digest = hmac.new(
+            key, json.dumps(rules).encode("utf-8", "surrogateescape"), hashlib.sha256
+        ).hexdigest()
+        self._fingerprint = (key, digest)
+        return digest
+
     def _remember(self, value: str) -> None:
         # A value inside the mask would be found again in every masked text, forever.
         if len(value) >= MIN_SECRET_LEN and value.strip() and value not in MASK and value not in self._known:
             self._known.add(value)
             self._known_pattern = None
+            self._fingerprint = None
 
     def _redact(self, text: str, *, use_known: bool, by_name: bool = True) -> tuple[str, list[str]]:
         found: list[str] = []
@@ -286,6 +339,9 @@ class Redactor:
     def _spans(self, text: str, *, use_known: bool, by_name: bool = True) -> list[_Span]:
         spans: list[_Span] = []
         for pattern in (*self._patterns, _COOKIE_HEADER) if by_name else self._patterns:
+            guard = _GUARDS.get(pattern)
+            if guard is not None and not any(literal in text for literal in guard):
+                continue
             for match in pattern.finditer(text):
                 group = "secret" if "secret" in pattern.groupindex else 0
                 if match.group(group):
@@ -302,7 +358,7 @@ class Redactor:
                 span = _value_span(value)
                 spans.append(span)
                 covered = span.end
-        if use_known and self._known:
+        if use_known and self._known and any(value in text for value in self._known):
             spans.extend(_Span(m.start(), m.end()) for m in self._known_regex().finditer(text))
         return _merge(spans, text)
 

@@ -11,7 +11,6 @@ are the commit's own, and the diff applies to the commit only while they stay as
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import PurePosixPath
 
@@ -44,16 +43,21 @@ _HUNK = re.compile(r"^@@ -(\d+(?:,\d+)?) \+(\d+)(?:,(\d+))? @@")
 _C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
 
+def _component(pattern: str) -> str:
+    """A glob for one path component (``*``, ``?``) as a regular expression that stays inside it."""
+    return "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern)
+
+
+_CREDENTIAL_PATH = re.compile(
+    "(?:^|/)(?:" + "|".join("/".join(map(_component, p.split("/"))) for p in CREDENTIAL_FILES) + r")\Z"
+)
+"""Any of `CREDENTIAL_FILES` at the end of a path: one expression, as it runs for every file."""
+
+
 def is_credential_file(path: str) -> bool:
     """Whether `path` (relative, ``/``-separated) names a credential file."""
-    parts = PurePosixPath(path.lower()).parts
-    for pattern in CREDENTIAL_FILES:
-        want = pattern.split("/")
-        if len(parts) >= len(want) and all(
-            fnmatch.fnmatchcase(part, p) for part, p in zip(parts[-len(want) :], want, strict=True)
-        ):
-            return True
-    return False
+    parts = [part for part in path.lower().split("/") if part and part != "."]  # as PurePosixPath has them
+    return _CREDENTIAL_PATH.search("/".join(parts)) is not None
 
 
 def mask_text(redactor: Redactor, path: str, text: str) -> str:

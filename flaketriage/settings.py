@@ -36,15 +36,28 @@ class Settings(BaseSettings):
 
     store: str = Field(
         default=".flaketriage",
-        description="Where bundles live: a directory (created on first use), `file:///absolute/path` "
-        "or `memory://NAME` (one store per name, shared within a process); `s3://bucket/prefix` once "
-        "the S3 backend ships (until then opening it is an error that says so).",
+        description="Where bundles live: a directory (created on first use), `file:///absolute/path`, "
+        "`memory://NAME` (one store per name, shared within a process) or `s3://bucket/prefix` "
+        "(`pip install 'flaketriage[s3]'`).",
     )
     store_shared: bool = Field(
         default=False,
         description="Whether a local store is shared by a team: objects and directories it creates are "
         "then readable by the group (files 0640, directories 2770) instead of by their owner only "
         "(0600, 0700). Set it the same for every process that writes to the store.",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="The endpoint of an S3-compatible server for `s3://` stores (MinIO, Ceph, R2: "
+        "`https://minio.internal:9000`); unset: AWS S3. Credentials and region come from boto3's "
+        "usual chain (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, an instance role).",
+    )
+    s3_presign_expiry_s: int = Field(
+        default=3600,
+        ge=1,
+        le=604800,
+        description="How long a presigned download link to an object in an `s3://` store stays valid "
+        "(at most 7 days, S3's limit).",
     )
     issues_dir: Path | None = Field(
         default=None,
@@ -56,11 +69,37 @@ class Settings(BaseSettings):
         description="The quarantine list (JSON; set it when the store is not a directory). "
         "Default: `<store>/quarantine.json`.",
     )
-    sandbox: Literal["auto", "bwrap", "process"] = Field(
+    sandbox: Literal["auto", "bwrap", "process", "docker"] = Field(
         default="auto",
         description="Replay isolation: `bwrap` (bubblewrap namespaces: no network, the original "
-        "workspace hidden), `process` (a plain subprocess in a fresh directory), or `auto` "
-        "(bwrap when installed, else `process` with a warning at every triage).",
+        "workspace hidden), `process` (a plain subprocess in a fresh directory, without network where "
+        "it may make a network namespace), `docker` (a container of the bundle's environment image "
+        "per replay: `pip install 'flaketriage[docker]'`), or `auto` (bwrap when installed, else "
+        "`process` with a warning at every triage).",
+    )
+    environment: Literal["auto", "bundle", "worker"] = Field(
+        default="auto",
+        description="Which Python environment replays run in: `bundle` (the bundle's Python version "
+        "and package freeze, built once per environment key and cached), `worker` (the worker's own "
+        "interpreter and packages), or `auto` (`bundle` when the bundle recorded a freeze that differs "
+        "from the worker's in the Python version or any pin, else `worker`).",
+    )
+    environment_cache_dir: Path | None = Field(
+        default=None,
+        description="Where built replay environments are cached, one virtualenv per environment key. "
+        "Default: `$XDG_CACHE_HOME/flaketriage/environments` (`~/.cache/...` without it).",
+    )
+    environment_cache_max_mb: int = Field(
+        default=20480,
+        ge=1,
+        description="Size bound of the environment cache (MiB): after a build, the least recently used "
+        "environments not in use are removed until the cache fits.",
+    )
+    environment_build_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Wall-clock limit for building one environment (creating it and installing its "
+        "packages); a build that passes it is an `environment` outcome.",
     )
     replay_timeout_s: float = Field(
         default=DEFAULT_REPLAY_TIMEOUT_S,
@@ -71,7 +110,36 @@ class Settings(BaseSettings):
     replay_memory_mb: int | None = Field(
         default=None,
         gt=0,
-        description="Address-space limit of one replay in MiB (none by default).",
+        description="Memory limit of one replay in MiB (none by default): a cgroup (the run is "
+        "killed past it, a `sandbox` outcome) or the container's limit; an address-space limit only "
+        "where no cgroup can be made.",
+    )
+    replay_pids_limit: int | None = Field(
+        default=4096,
+        gt=0,
+        description="Most processes and threads one replay may have at once (a fork bomb stops "
+        "there): a pids cgroup, or the container's limit.",
+    )
+    replay_cpus: float | None = Field(
+        default=None,
+        gt=0,
+        description="CPUs one replay may use (`1.5`: one and a half cores' time), by a cpu cgroup or "
+        "the container's limit (none by default).",
+    )
+    docker_url: str | None = Field(
+        default=None,
+        description="The Docker engine of the `docker` sandbox: `unix:///run/podman/podman.sock`, "
+        "`tcp://host:2376`. Default: `DOCKER_HOST`, else the standard socket.",
+    )
+    docker_base_image: str = Field(
+        default="python:{python}-slim",
+        description="The image each environment image is built from; `{python}` becomes the "
+        "bundle's Python version (`3.11`). The engine must have it or be able to pull it.",
+    )
+    docker_mounts: list[Path] = Field(
+        default=[],
+        description="Host directories every replay container sees read-only at the same path, as a "
+        "JSON list: a toolchain shared by the images, or the host's Python for a base image without one.",
     )
     max_replays: int = Field(default=100, ge=1, description="Upper bound on replays for one verdict.")
     flaky_rate_replays: int = Field(
@@ -144,6 +212,46 @@ class Settings(BaseSettings):
         ge=1,
         description="Lines of a failure's stderr shown at the end of an issue.",
     )
+    # -- GitHub issues ----------------------------------------------------------------------------
+    github_repo: str | None = Field(
+        default=None,
+        description="The repository issues are filed in, as `owner/name`. With credentials "
+        "(a token or an App) `flaketriage triage` and the workers report there instead of writing "
+        "Markdown files; without any, setting it is an error that says what to add.",
+    )
+    github_token: SecretStr | None = Field(
+        default=None,
+        description="A GitHub token for that repository: fine-grained with Issues "
+        "read/write (and Metadata read), or classic with the `repo` scope (`public_repo` for a "
+        "public repository).",
+    )
+    github_app_id: str | None = Field(
+        default=None,
+        description="A GitHub App's id (or client id), used instead of a token together with the App's "
+        "private key: flaketriage signs a JWT with the key and trades it for an installation token, "
+        "renewed before it expires.",
+    )
+    github_app_private_key: SecretStr | None = Field(
+        default=None,
+        description="The GitHub App's private key: the PEM text itself, or the path of the `.pem` file.",
+    )
+    github_app_installation_id: int | None = Field(
+        default=None,
+        gt=0,
+        description="The App's installation on the repository's account. Default: looked up from "
+        "the repository.",
+    )
+    github_api_url: str = Field(
+        default="https://api.github.com",
+        description="The GitHub REST API: `https://HOST/api/v3` for GitHub Enterprise Server, or a "
+        "stand-in's URL.",
+    )
+    github_comment_interval_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="At most one flaketriage comment per issue in this long: newer evidence within it "
+        "is added to the last comment (edited) instead of posting another.",
+    )
     # -- the service ----------------------------------------------------------------------------
     database_url: str | None = Field(
         default=None,
@@ -172,7 +280,7 @@ class Settings(BaseSettings):
     )
     api_token: SecretStr | None = Field(
         default=None,
-        description="When set, the service's reads (`/v1/cases`, `/v1/quarantine`) need "
+        description="When set, the service's reads (`/v1/cases`, `/v1/runners`, `/v1/quarantine`) need "
         "`Authorization: Bearer <token>`, and the CI side sends it.",
     )
     max_body_kb: int = Field(
@@ -218,6 +326,38 @@ class Settings(BaseSettings):
         gt=0,
         description="How often `not_reproduced` cases get a longer telemetry run.",
     )
+    telemetry_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often a telemetry run samples the host (CPU, load, memory) and the GPUs "
+        "(NVML: utilization, memory, temperature, power, clocks, ECC and XID errors).",
+    )
+    telemetry_replays_factor: float = Field(
+        default=3.0,
+        ge=1,
+        description="A telemetry run looks for flakes this many times rarer than triage does (the "
+        "minimum flaky rate divided by it: 179 clean replays before `not_reproduced` instead of 59 at "
+        "3), and may spend this many times the replays.",
+    )
+    telemetry_timeout_factor: float = Field(
+        default=2.0,
+        ge=1,
+        description="A telemetry run's time limit per replay, as a multiple of the usual one (the "
+        "capture's, else the replay timeout).",
+    )
+    runner_host: str | None = Field(
+        default=None,
+        description="The host part of this worker's runner id (the id is the host plus a digest of "
+        "its GPUs' UUIDs), when the host name is not the machine's: a Kubernetes pod sets it to its "
+        "node's name. Default: the host name.",
+    )
+    runner_suspect_after: int = Field(
+        default=3,
+        ge=1,
+        description="A runner counted in this many `environment_specific` verdicts (the failure "
+        "reproduced on it and not on other hardware) is flagged as suspect (`GET /v1/runners`, "
+        "`flaketriage_runner_suspect`), to be drained and checked.",
+    )
     gc_every_s: float = Field(
         default=86400.0, gt=0, description="How often the service collects unreferenced store objects."
     )
@@ -242,6 +382,28 @@ class Settings(BaseSettings):
             raise ValueError(str(exc)) from None
         return value.strip()
 
+    @field_validator("github_repo")
+    @classmethod
+    def _github_repo(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        shape = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+", value)
+        if shape is None or value.endswith((".", "/..")):
+            raise ValueError("must be owner/name, as in https://github.com/owner/name (e.g. acme/models)")
+        return value
+
+    @field_validator("github_api_url")
+    @classmethod
+    def _github_api_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+            raise ValueError(
+                "must be an http(s) URL: https://api.github.com, or https://HOST/api/v3 for GitHub "
+                "Enterprise Server"
+            )
+        return value
+
     def local_store(self) -> Path | None:
         """The store's directory (relative to the current directory when the setting is), or None
         when the store is not local (``memory://``, ``s3://``)."""
@@ -255,6 +417,13 @@ class Settings(BaseSettings):
 
     def resolved_outbox_dir(self) -> Path:
         return self._beside_store(self.outbox_dir, "outbox", "outbox_dir")
+
+    def resolved_environment_cache_dir(self) -> Path:
+        """The environment cache: the setting, else ``$XDG_CACHE_HOME/flaketriage/environments``."""
+        if self.environment_cache_dir is not None:
+            return self.environment_cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "flaketriage" / "environments"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -4,6 +4,8 @@ What a tree may hold is decided here, once, for the source and for data director
 a symbolic link is never followed; one that points inside the workspace is stored as a link, one
 that points out of it is left out, as are credential files, and text files can be masked. Restore
 recreates a link only when its target, read from where the link is, stays inside the workspace.
+Files go through the store's stat cache: one unchanged since the store took it is not hashed again,
+and not read at all when nothing in it can need masking (it is binary, or not masked).
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from flaketriage.errors import BundleError, DatasetError
-from flaketriage.manifest import DataInput, ExcludedFile, FileEntry
+from flaketriage.manifest import BlobRef, DataInput, ExcludedFile, FileEntry
 from flaketriage.manifest_safety import check_paths, link_message, link_problem, path_message, path_problem
 from flaketriage.redaction import Redactor
 from flaketriage.secret_files import CREDENTIAL_REASON, is_credential_file, mask_file
 from flaketriage.store import Store
+from flaketriage.store.state import FileStamp, KnownFile
 
 
 def store_file(store: Store, path: Path, name: str) -> FileEntry:
@@ -44,6 +47,7 @@ class TreeCapture:
     redactor: Redactor | None = None
     excluded: list[ExcludedFile] = field(default_factory=list)
     masked: list[str] = field(default_factory=list)
+    _real_dirs: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.workspace = Path(os.path.realpath(self.workspace))
@@ -57,12 +61,29 @@ class TreeCapture:
             return self._link(path, name)
         if self.redactor is None:
             return store_file(self.store, path, name)
-        data = path.read_bytes()
-        masked = mask_file(self.redactor, name, data)
+        return self._masked(path, name, self.redactor)
+
+    def _masked(self, path: Path, name: str, redactor: Redactor) -> FileEntry:
+        """Store a file with the secrets of its text masked. One the stat cache knows unchanged is
+        not hashed again, and not even read when it cannot need masking: binary (a NUL byte), or
+        text that held nothing to mask under the same masking (the same rules and secrets)."""
+        masking = redactor.fingerprint(self.store.state.masking_key)
+        with open(path, "rb") as fh:
+            stamp = FileStamp.of(path, fh.fileno())
+            known = self.store.cached_file(stamp)
+            if known is not None and (known.binary or known.clean_under == masking):
+                return _entry(path, name, known.ref)
+            data = fh.read()
+            unchanged = FileStamp.of(path, fh.fileno()) == stamp
+        masked = mask_file(redactor, name, data)
         if masked is not None:
             self.masked.append(name)
-        ref = self.store.put_bytes(data if masked is None else masked)
-        return FileEntry(path=name, sha256=ref.sha256, size=ref.size, executable=os.access(path, os.X_OK))
+            return _entry(path, name, self.store.put_bytes(masked))
+        binary = b"\0" in data
+        ref = known.ref if known is not None and unchanged else self.store.put_bytes(data)
+        if unchanged:
+            self.store.remember_file(stamp, KnownFile(ref, binary, clean_under=None if binary else masking))
+        return _entry(path, name, ref)
 
     def walk(self, root: Path) -> list[FileEntry]:
         """Every file and link under `root`, links not followed, paths relative to it, sorted."""
@@ -79,8 +100,14 @@ class TreeCapture:
         return entries
 
     def _in_workspace(self, path: Path) -> str:
-        full = os.path.join(os.path.realpath(path.parent), path.name)
-        return os.path.relpath(full, self.workspace)
+        parent = str(path.parent)
+        real = self._real_dirs.get(parent)
+        if real is None:  # resolved once per directory: a tree has far fewer than files
+            real = self._real_dirs[parent] = os.path.realpath(parent)
+        root = str(self.workspace)
+        if real.startswith(root + "/"):  # the usual case, without relpath's work
+            return f"{real[len(root) + 1 :]}/{path.name}"
+        return os.path.relpath(os.path.join(real, path.name), root)
 
     def _link(self, path: Path, name: str) -> FileEntry | None:
         target = os.readlink(path)
@@ -94,6 +121,10 @@ class TreeCapture:
             target = os.path.relpath(resolved, parent)  # absolute, or climbing out and back in
         ref = self.store.put_bytes(os.fsencode(target))
         return FileEntry(path=name, sha256=ref.sha256, size=ref.size, link=target)
+
+
+def _entry(path: Path, name: str, ref: BlobRef) -> FileEntry:
+    return FileEntry(path=name, sha256=ref.sha256, size=ref.size, executable=os.access(path, os.X_OK))
 
 
 def store_dir(store: Store, root: Path) -> list[FileEntry]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Queue(StrEnum):
@@ -43,6 +43,9 @@ SWEEP_TASK = "flaketriage.sweep"
 SCHEDULE_RERUNS_TASK = "flaketriage.schedule_reruns"
 SCHEDULE_TELEMETRY_TASK = "flaketriage.schedule_telemetry"
 GC_TASK = "flaketriage.gc"
+SEND_TASKS_TASK = "flaketriage.send_tasks"
+"""Send on the step tasks a `TaskBatch` carries: how the receiver hands the work of one transaction to
+the broker in one message (a worker does the per-task publishing, off the receiver's hot path)."""
 
 
 class WorkOrder(BaseModel):
@@ -53,3 +56,31 @@ class WorkOrder(BaseModel):
     work_id: int = Field(ge=1)
     replay: int | None = Field(default=None, ge=0)
     """For a replay task: its index within the triage."""
+
+
+class QueuedTask(BaseModel):
+    """One step task as a `TaskBatch` carries it: the task's name, its order and its queue."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    order: WorkOrder
+    queue: str
+
+    @field_validator("name")
+    @classmethod
+    def _a_step_task(cls, name: str) -> str:
+        if name not in _STEP_TASKS:
+            raise ValueError(f"{name!r} is not a step task; expected one of {sorted(_STEP_TASKS)}")
+        return name
+
+
+class TaskBatch(BaseModel):
+    """The message of `SEND_TASKS_TASK`: step tasks whose work one transaction recorded, in order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: tuple[QueuedTask, ...] = Field(min_length=1)
+
+
+_STEP_TASKS = frozenset(task_name(step) for step in Step)

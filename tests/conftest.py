@@ -1,11 +1,20 @@
-"""Shared fixtures: stores of every backend, and small builders for real manifests."""
+"""Shared fixtures: stores of every backend (S3 on a real moto server), and small builders for
+real manifests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -17,11 +26,109 @@ settings.register_profile("flaketriage", deadline=None, suppress_health_check=[H
 settings.load_profile("flaketriage")
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
         return LocalStore(tmp_path / "store")
+    if request.param == "s3":
+        from flaketriage.store.s3 import S3Store
+
+        url: str = request.getfixturevalue("s3_url")
+        return S3Store.from_url(url)
     return MemoryStore()
+
+
+# -- S3: a real S3-compatible server (moto's server mode) -----------------------------------------
+S3_BUCKET = "flaketriage-tests"
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A moto server process: its endpoint, and the environment that points boto3 and flaketriage at it."""
+
+    endpoint: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **S3_CREDENTIALS,
+            "FLAKETRIAGE_S3_ENDPOINT_URL": self.endpoint,
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """``moto_server`` on a free port for the session, with the bucket `S3_BUCKET`."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLAKETRIAGE_"))}
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    server = S3Server(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(server.endpoint + "/moto-api/", timeout=2, trust_env=False)
+                break
+            except httpx.HTTPError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        server.client().create_bucket(Bucket=S3_BUCKET)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """This process's environment pointed at the moto server (credentials, endpoint)."""
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name in ("FLAKETRIAGE_S3_ENDPOINT_URL",):
+            monkeypatch.delenv(name)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_url(s3_env: S3Server) -> str:
+    """An empty store in the test bucket: ``s3://flaketriage-tests/<unique prefix>``."""
+    return f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture

@@ -6,11 +6,16 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System tools: git and bubblewrap (capture, sandboxes), redis-server (each service test starts its
-# own on a free port), PostgreSQL (the service's records; started below when it is not running).
+# System tools: git and bubblewrap (capture, sandboxes), podman and runc (the Docker sandbox's tests
+# start podman's Docker API on a socket of their own) with busybox-static (their base image),
+# redis-server (each service test starts its own on a free port), PostgreSQL (the service's records;
+# started below when it is not running).
 missing=()
 command -v git >/dev/null || missing+=(git)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v busybox >/dev/null || missing+=(busybox-static)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v psql >/dev/null || missing+=(postgresql postgresql-client)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -46,5 +51,5 @@ python3 -m venv .venv
 . .venv/bin/activate
 # torch from the pinned CPU build first (any other torch spec downloads gigabytes).
 python -c "import torch" 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0
-pip install -q --disable-pip-version-check -e '.[dev,demo,guards,lightning,huggingface,sentry,server,s3,github]'
+pip install -q --disable-pip-version-check -e '.[dev,demo,guards,lightning,huggingface,sentry,server,s3,github,docker]'
 python -m pytest "$@"

@@ -25,6 +25,7 @@ from flaketriage.ci.sentry import after_capture
 from flaketriage.ci.source import CAPTURE_GIT, SourceLimits, SourcePlan, capture_source, plan_source
 from flaketriage.errors import DatasetError, FlaketriageError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.hangs import HANG_DUMP_ENV, sitecustomize_dir
 from flaketriage.manifest import (
     BlobRef,
     Command,
@@ -36,6 +37,7 @@ from flaketriage.manifest import (
     Seeds,
 )
 from flaketriage.redaction import Redactor
+from flaketriage.replay_env import DETERMINISTIC_ENV
 from flaketriage.settings import load_settings
 from flaketriage.store import Store
 from flaketriage.stored_files import relative_to_cwd, store_data_input
@@ -135,7 +137,9 @@ def run_and_capture(
     # Stored now, as the command is about to read them: one that rewrites or deletes its input
     # still leaves a bundle holding what it read. Streamed, so memory does not grow with the data.
     inputs = _store_inputs(store, data, request.cwd)
-    result = run_command(request.argv, request.cwd, env, request.timeout_s, echo=request.echo)
+    result = run_command(
+        request.argv, request.cwd, _run_env(env, request.timeout_s), request.timeout_s, echo=request.echo
+    )
     info: FailureInfo | None = None
     try:
         info = _judge(request, result)
@@ -158,6 +162,7 @@ def run_and_capture(
             timeout_s=request.timeout_s or max(60.0, 10 * result.duration_s),
             inputs=inputs,
             annotations=dict(request.annotations),
+            hang=result.hang.text() if result.hang is not None and info.kind == "timeout" else None,
         )
         _put_back_collected(store, data, inputs)
         bundle_id = write_bundle(store, _build_manifest(store, pieces, redactor or Redactor()))
@@ -165,6 +170,19 @@ def run_and_capture(
         why = str(exc) if isinstance(exc, FlaketriageError) else f"{type(exc).__name__}: {exc}"
         return CaptureResult(process=result, failure=info, bundle_id=None, error=why)
     return CaptureResult(process=result, failure=info, bundle_id=bundle_id)
+
+
+def _run_env(env: Mapping[str, str], timeout_s: float | None) -> dict[str, str]:
+    """The environment the command runs in: the recorded one, plus, under a time limit, what lets a
+    hang be located (`flaketriage.hangs`): the ``sitecustomize`` that dumps stacks on SIGUSR1, with
+    the replay's torch determinism left off. None of it is recorded: replays add their own."""
+    if timeout_s is None:
+        return dict(env)
+    run_env = dict(env)
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (sitecustomize_dir(), env.get("PYTHONPATH")) if p)
+    run_env[HANG_DUMP_ENV] = "1"
+    run_env.setdefault(DETERMINISTIC_ENV, "0")
+    return run_env
 
 
 def _store_inputs(store: Store, data: Sequence[CheckedData], cwd: Path) -> tuple[DataInput, ...]:
@@ -211,6 +229,7 @@ def _judge(request: CaptureRequest, result: ProcessResult) -> FailureInfo | None
         criteria=request.criteria,
         timed_out=result.timed_out,
         metrics_dir=request.cwd,
+        hang=result.hang,
     )
 
 
@@ -314,6 +333,8 @@ class _Pieces:
     pytest: PytestContext | None = None
     attachments: Mapping[str, BlobRef] = field(default_factory=dict)
     checkpoint: BlobRef | None = None
+    hang: str | None = None
+    """The stacks dumped from a run that hung (`flaketriage.hangs`), kept as the ``hang`` log."""
 
 
 def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
@@ -329,6 +350,8 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
         "stdout": store.put_bytes(redactor.redact_text(p.stdout).encode()),
         "stderr": store.put_bytes(redactor.redact_text(p.stderr).encode()),
     }
+    if p.hang:
+        logs["hang"] = store.put_bytes(redactor.redact_text(p.hang).encode())
     info = p.info
     return Manifest(
         kind=p.kind,

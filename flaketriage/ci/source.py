@@ -82,11 +82,10 @@ def plan_source(cwd: Path, snapshot: bool = False, git: Git = CAPTURE_GIT) -> So
 def _stat_all(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for name in names:
-        if any(part in ALWAYS_SKIPPED for part in Path(name).parts):
+        if any(part in ALWAYS_SKIPPED for part in name.split("/")):
             continue
-        path = root / name
         try:
-            st = path.lstat()  # a link is listed as a link: `TreeCapture` decides what it becomes
+            st = os.lstat(os.path.join(root, name))  # a link is listed as a link: `TreeCapture` decides
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 continue
         except OSError:
@@ -167,21 +166,23 @@ def _walk_with_gitignore(root: Path) -> list[str]:
     ignore = root / ".gitignore"
     if ignore.is_file():
         lines = ignore.read_text(errors="replace").splitlines()
-    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    spec: pathspec.GitIgnoreSpec | None = pathspec.GitIgnoreSpec.from_lines(lines)
+    if spec is not None and not spec.patterns:  # nothing to ignore: matching every path finds nothing
+        spec = None
     names: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         dirnames[:] = sorted(
             d
             for d in dirnames
-            if d not in ALWAYS_SKIPPED and not spec.match_file(os.path.join(rel_dir, d) + "/")
+            if d not in ALWAYS_SKIPPED and not (spec and spec.match_file(os.path.join(rel_dir, d) + "/"))
         )
         # A linked directory is listed like a file (as a link), never entered.
         links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         dirnames[:] = [d for d in dirnames if d not in links]
         for name in sorted([*filenames, *links]):
             rel = os.path.normpath(os.path.join(rel_dir, name))
-            if not spec.match_file(rel):
+            if not (spec and spec.match_file(rel)):
                 names.append(rel)
     return names
 
@@ -192,13 +193,19 @@ def _store_files(
     files: list[FileEntry] = []
     skipped: list[str] = []
     total = 0
+    real_dirs: dict[str, str] = {}  # resolved once per directory: a tree has far fewer than files
+    excluded_dirs = [str(ex).rstrip("/") for ex in excluded]
     for name, (size, mtime) in sorted(plan.files.items()):
         path = plan.root / name
-        resolved = path.parent.resolve() / path.name  # a link is judged where it is, not where it points
-        if any(resolved == ex or ex in resolved.parents for ex in excluded):
+        parent = os.path.dirname(path)
+        real = real_dirs.get(parent)
+        if real is None:
+            real = real_dirs[parent] = os.path.realpath(parent)
+        resolved = os.path.join(real, path.name)  # a link is judged where it is, not where it points
+        if any(resolved == ex or resolved.startswith(ex + "/") for ex in excluded_dirs):
             continue
         try:
-            st = path.lstat()
+            st = os.lstat(path)
         except OSError:
             skipped.append(f"{name} (deleted during the run)")
             continue

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from flaketriage import __version__, interrupts
-from flaketriage.cli import bundles, notify, run, service
+from flaketriage.cli import bundles, garbage, notify, run, service, telemetry
 from flaketriage.cli.console import err, labelled
 from flaketriage.errors import FlaketriageError
 
@@ -22,10 +22,12 @@ app = typer.Typer(
 app.add_typer(bundles.app, name="bundle")
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
 app.command()(run.triage)
+app.command()(telemetry.telemetry)
 app.command()(notify.notify)
 app.command()(service.serve)
 app.command()(service.worker)
 app.command()(service.beat)
+app.command(name="gc")(garbage.gc)
 
 
 def _version(value: bool) -> None:

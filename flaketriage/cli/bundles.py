@@ -1,4 +1,4 @@
-"""``flaketriage bundle``: list, show, verify and export bundles."""
+"""``flaketriage bundle``: list, show, verify and export bundles; push and pull them between stores."""
 
 from __future__ import annotations
 
@@ -15,8 +15,16 @@ from flaketriage.errors import StoreError
 from flaketriage.manifest import Manifest
 from flaketriage.os_strings import shell_join, shell_word
 from flaketriage.store import Store, local_path, open_store
+from flaketriage.transfer import DEFAULT_THREADS, TransferReport, copy_bundles
 
-app = typer.Typer(help="Inspect, verify and export captured bundles.", no_args_is_help=True)
+app = typer.Typer(help="Inspect, verify, export and copy captured bundles.", no_args_is_help=True)
+
+BundleIds = Annotated[list[str], typer.Argument(help="Bundle ids or unique prefixes.", show_default=False)]
+ParentOption = Annotated[
+    bool,
+    typer.Option("--with-parent", help="Copy the bundle a minimized bundle came from too (and its own)."),
+]
+ThreadsOption = Annotated[int, typer.Option("--threads", min=1, max=64, help="Objects sent at once.")]
 
 
 def _readonly_store(store: str | None) -> Store:
@@ -128,8 +136,8 @@ def show_command(
 ) -> None:
     """Show a readable summary of one bundle."""
     manifest = load_manifest(_readonly_store(store), bundle)
-    if as_json:
-        out.print_json(manifest.canonical_json().decode(), ensure_ascii=True)
+    if as_json:  # with its file lists, which the stored form keeps in objects of their own
+        out.print_json(json.dumps(manifest.model_dump(mode="json"), sort_keys=True), ensure_ascii=True)
     else:
         _show(manifest)
 
@@ -172,3 +180,65 @@ def export_command(
     path = export_bundle(st, manifest, manifest.bundle_id, dest, git=Git())
     run = f"cd {shell_word(str(path))} && bash run.sh"
     out.print(plain(f"exported {manifest.bundle_id[:12]} to {path}; run it with: {run}"))
+
+
+@app.command("push")
+def push_command(
+    bundles: BundleIds,
+    to: Annotated[
+        str,
+        typer.Option("--to", help="The store to copy into: s3://bucket/prefix, a directory or a URL."),
+    ],
+    store: StoreOption = None,
+    with_parent: ParentOption = False,
+    threads: ThreadsOption = DEFAULT_THREADS,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy bundles from the store to another: only the objects it lacks, its index entry last."""
+    settings = settings_for(store)
+    source = open_store(settings.store, readonly=True)
+    dest = open_store(to, shared=settings.store_shared)
+    _transferred(copy_bundles(source, dest, bundles, parents=with_parent, threads=threads), "pushed", as_json)
+
+
+@app.command("pull")
+def pull_command(
+    bundles: BundleIds,
+    source_url: Annotated[
+        str,
+        typer.Option("--from", help="The store to copy from: s3://bucket/prefix, a directory or a URL."),
+    ],
+    store: StoreOption = None,
+    with_parent: ParentOption = False,
+    threads: ThreadsOption = DEFAULT_THREADS,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy bundles from another store into the store: only the objects it lacks, its index entry last."""
+    settings = settings_for(store)
+    source = open_store(source_url, readonly=True)
+    dest = open_store(settings.store, shared=settings.store_shared)
+    _transferred(copy_bundles(source, dest, bundles, parents=with_parent, threads=threads), "pulled", as_json)
+
+
+def _transferred(report: TransferReport, verb: str, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(report.to_json()), ensure_ascii=True)
+        return
+    target = report.destination if verb == "pushed" else report.source
+    where = "to" if verb == "pushed" else "from"
+    out.print(
+        plain(
+            f"{verb} {len(report.bundles)} bundle(s) {where} {target}: {report.objects_sent} object(s) sent "
+            f"({byte_size(report.bytes_sent)}), {report.objects_present} already there"
+        )
+    )
+
+
+def byte_size(count: int) -> str:
+    """``1.5 MB``-style, for people (powers of 1000, as `du --si`)."""
+    size = float(count)
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{int(size)} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")

@@ -136,13 +136,13 @@ def triage(
         bool, typer.Option(help="Reduce data and integer knobs of a reproducible failure.")
     ] = False,
     max_replays: Annotated[int | None, typer.Option(min=1, help="Upper bound on replays.")] = None,
-    sandbox: Annotated[str | None, typer.Option(help="auto, bwrap or process.")] = None,
+    sandbox: Annotated[str | None, typer.Option(help="auto, bwrap, process or docker.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Wall-clock limit per replay, seconds.")] = None,
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
     from flaketriage.workers.quarantine import Quarantine
     from flaketriage.workers.replay import ReplayContext
-    from flaketriage.workers.report.markdown import MarkdownIssueSink
+    from flaketriage.workers.report.backend import open_issue_sink
     from flaketriage.workers.sandbox import make_sandbox
     from flaketriage.workers.triage import triage as run_triage
     from flaketriage.workers.verdict import VerdictPolicy
@@ -150,10 +150,12 @@ def triage(
     check_timeout(timeout, "--timeout")
     settings = settings_for(store)
     if sandbox is not None:
-        if sandbox not in ("auto", "bwrap", "process"):
-            raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap or process")
+        if sandbox not in ("auto", "bwrap", "process", "docker"):
+            raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap, process or docker")
         settings = settings.model_copy(update={"sandbox": sandbox})
     st = open_store(settings.store, shared=settings.store_shared)
+    sink = open_issue_sink(settings)  # GitHub when FLAKETRIAGE_GITHUB_REPO and credentials are set
+    sink.check()  # a wrong token or repository fails now, not after the replays
     policy = VerdictPolicy(
         min_rate=settings.min_flaky_rate,
         max_rate=settings.max_flaky_rate,
@@ -162,7 +164,7 @@ def triage(
         flaky_rate_replays=settings.flaky_rate_replays,
     )
     replay_sandbox = make_sandbox(
-        settings.sandbox, warn=lambda msg: err.print(f"warning: {msg}", markup=False)
+        settings.sandbox, warn=lambda msg: err.print(f"warning: {msg}", markup=False), settings=settings
     )
     with progress_bar() as bar:
         task = bar.add_task("replaying", total=policy.max_replays)
@@ -179,9 +181,9 @@ def triage(
             bundle,
             sandbox=replay_sandbox,
             policy=policy,
-            sink=MarkdownIssueSink(settings.resolved_issues_dir()),
+            sink=sink,
             quarantine=Quarantine(settings.resolved_quarantine_file()),
-            context=ReplayContext.from_process(),
+            context=ReplayContext.from_settings(settings),
             minimize=minimize,
             timeout_s=timeout,
             default_timeout_s=settings.replay_timeout_s,
@@ -192,6 +194,11 @@ def triage(
     data = result.to_json()
     if as_json:
         print(json.dumps(data))
+        return
+    if data["verdict"] == "environment":
+        # Nothing ran: one line that says why (the runner lacks the bundle's Python or packages).
+        reasons = [f.summary for f in result.findings if f.kind == "environment"] or ["cannot be had"]
+        out.print(labelled("environment:", "bold", reasons[0]))
         return
     rate = data["failure_rate"]
     out.print(
@@ -217,7 +224,15 @@ def triage(
             )
         )
     for finding in result.findings:
-        out.print(plain(f"  different failure ({finding.count}×): {finding.summary}"))
+        what = "environment" if finding.kind == "environment" else "different failure"
+        out.print(plain(f"  {what} ({finding.count}×): {finding.summary}"))
+    environment = data.get("environment") or {}
+    if environment.get("mode") == "bundle" and environment.get("digest"):
+        how = f"built in {environment['build_s']:.1f} s" if environment.get("built") else "cached"
+        built = f"{environment['python']}, {environment['packages']} packages, {how}"
+        out.print(plain(f"  environment: the bundle's ({built})"))
+    if result.hardware_difference:
+        out.print(labelled("  note:", "yellow", result.hardware_difference))
     if result.minimized:
         kept = ", ".join(f"{p}: kept {v['kept']} of {v['of']}" for p, v in data["minimal"]["data"].items())
         args = ", ".join(f"{a} {v['from']}→{v['to']}" for a, v in data["minimal"]["args"].items())

@@ -40,8 +40,7 @@ def serve(
 ) -> None:
     """Run the receiver: POST /v1/events, /webhooks/github, /webhooks/sentry; GET /v1/cases, ..."""
     _server_parts()
-    import uvicorn
-
+    from flaketriage.orchestrator import server
     from flaketriage.orchestrator.app import create_app
     from flaketriage.orchestrator.service import build_service
 
@@ -62,7 +61,7 @@ def serve(
             )
         )
     try:
-        uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False)
+        server.run(create_app(service), host=host, port=port)
     finally:
         for child in children:
             with contextlib.suppress(ProcessLookupError):

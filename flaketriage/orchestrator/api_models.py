@@ -50,6 +50,9 @@ class ReplayView(BaseModel):
     summary: str | None
     duration_s: float | None
     runner: str | None
+    """The machine (host and GPUs) it ran on."""
+    worker: str | None = None
+    """The worker process (``host:pid``) that ran it."""
 
 
 class WorkView(BaseModel):
@@ -80,6 +83,26 @@ class CaseDetail(CaseSummary):
     evidence: dict[str, Any] | None
     occurrence_list: list[OccurrenceView]
     triage_runs: list[WorkView]
+
+
+class GPUView(BaseModel):
+    name: str
+    uuid: str | None
+
+
+class RunnerSummary(BaseModel):
+    """A machine replays ran on; ``suspect`` once environment-specific failures keep reproducing on it."""
+
+    id: str
+    host: str
+    gpus: list[GPUView]
+    driver: str | None
+    first_seen: datetime
+    last_seen: datetime
+    replays: int
+    environment_specific: int
+    suspect: bool
+    last_case_id: int | None
 
 
 class Health(BaseModel):

@@ -28,10 +28,18 @@ from flaketriage import __version__
 from flaketriage.errors import BrokerError, RecordsError, SignatureError
 from flaketriage.events import FailureEvent
 from flaketriage.orchestrator import github_hooks, sentry_hooks
-from flaketriage.orchestrator.api_models import Accepted, CaseDetail, CaseSummary, Health, Problem
+from flaketriage.orchestrator.api_models import (
+    Accepted,
+    CaseDetail,
+    CaseSummary,
+    Health,
+    Problem,
+    RunnerSummary,
+)
 from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
 from flaketriage.orchestrator.payloads import Parsed, PayloadError
+from flaketriage.orchestrator.runners import list_runners
 from flaketriage.orchestrator.service import Service
 from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
 from flaketriage.quarantine import QuarantineDocument
@@ -144,33 +152,39 @@ def create_app(service: Service) -> FastAPI:
         raise HTTPProblem(status, detail)
 
     _document_with(app, {"FailureEvent": FailureEvent})
-    event_body_schema = _json_body({"$ref": f"{_COMPONENTS}FailureEvent"})
+    events_secret = (
+        settings.webhook_secret.get_secret_value().encode("utf-8") if settings.webhook_secret else b""
+    )
 
     @app.post(
         "/v1/events",
         status_code=202,
         response_model=Accepted,
         responses={200: {"model": Accepted, "description": "a duplicate delivery"}, **_ERRORS},
-        openapi_extra=event_body_schema,
+        openapi_extra=_json_body(
+            {"$ref": f"{_COMPONENTS}FailureEvent"}, headers=(TIMESTAMP_HEADER, SIGNATURE_HEADER)
+        ),
     )
-    async def post_event(
-        raw: bytes = Depends(body),
-        timestamp: str | None = Header(default=None, alias=TIMESTAMP_HEADER),
-        signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
-    ) -> JSONResponse:
+    async def post_event(request: Request) -> JSONResponse:
         """A ``failure.captured`` event, signed as `flaketriage notify` signs it."""
-        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
-        if not secret:
+        # The route reads its body and headers itself: FastAPI's dependency resolution would cost
+        # this, the busiest route, a third of its time on the event loop.
+        raw = await body(request)
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        signature = request.headers.get(SIGNATURE_HEADER)
+        if not events_secret:
             refuse("events", 401, "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "unsigned")
         try:
-            verify(secret.encode("utf-8"), timestamp, raw, signature, now=time.time())
+            verify(events_secret, timestamp, raw, signature, now=time.time())
         except SignatureError as exc:
             refuse("events", 401, str(exc), "bad_signature")
-        data = _json(raw, "events", refuse)
         try:
-            event = FailureEvent.model_validate(data)
-        except ValidationError as exc:
-            refuse("events", 422, _validation_text(exc.errors()), "invalid")
+            event = FailureEvent.model_validate_json(raw)
+        except ValidationError:
+            # Not a valid event: parsed again the slow way, which tells a body that is not a JSON
+            # object (400) from one whose fields are wrong (422) and reads what pydantic's parser
+            # does not (UTF-16, lone surrogates), as the receiver always has.
+            event = _event(raw, refuse)
         try:
             sighting = from_event(event, service.policy)
         except StoreNotAllowed as exc:
@@ -272,6 +286,17 @@ def create_app(service: Service) -> FastAPI:
         return found
 
     @app.get(
+        "/v1/runners",
+        response_model=list[RunnerSummary],
+        dependencies=[Depends(authorized)],
+        responses={401: _ERRORS[401], 422: _ERRORS[422], 503: _ERRORS[503]},
+    )
+    def get_runners(suspect: bool | None = None, limit: int = 1000) -> list[RunnerSummary]:
+        """The machines replays ran on, suspects first: a suspect runner keeps reproducing failures
+        that other hardware does not (``environment_specific`` verdicts); drain it."""
+        return list_runners(service.database, suspect=suspect, limit=max(1, min(limit, 10000)))
+
+    @app.get(
         "/v1/quarantine",
         dependencies=[Depends(authorized)],
         responses={
@@ -320,9 +345,23 @@ Refuse = Callable[[str, int, str, str], NoReturn]
 _COMPONENTS = "#/components/schemas/"
 
 
-def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` for a route that reads its JSON body itself (to check its signature first)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+def _json_body(schema: dict[str, Any], headers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads its JSON body itself (to check its signature first),
+    and `headers`, optional strings, if it reads those itself too (documented as ``Header()`` is)."""
+    extra: dict[str, Any] = {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
+    }
+    if headers:
+        extra["parameters"] = [
+            {
+                "name": name,
+                "in": "header",
+                "required": False,
+                "schema": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": name},
+            }
+            for name in headers
+        ]
+    return extra
 
 
 def _document_with(app: FastAPI, models: dict[str, type[BaseModel]]) -> None:
@@ -364,6 +403,14 @@ def _json(raw: bytes, source: str, refuse: Refuse) -> Any:
     if not isinstance(data, dict):
         refuse(source, 400, "the body must be a JSON object", "invalid")
     return data
+
+
+def _event(raw: bytes, refuse: Refuse) -> FailureEvent:
+    data = _json(raw, "events", refuse)
+    try:
+        return FailureEvent.model_validate(data)
+    except ValidationError as exc:
+        refuse("events", 422, _validation_text(exc.errors()), "invalid")
 
 
 def _parse(parse: Callable[[], Parsed], source: str, refuse: Refuse) -> Parsed:

@@ -76,6 +76,7 @@ class CaseQuery:
                                 summary=r.summary,
                                 duration_s=r.duration_s,
                                 runner=r.runner,
+                                worker=r.worker,
                             )
                             for r in w.replays
                         ],

@@ -23,13 +23,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import Connection, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import Connection, bindparam, insert, select, tuple_
 from sqlalchemy.exc import IntegrityError
 
 from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
 from flaketriage.errors import RecordsError
 from flaketriage.normalize import normalize_message
-from flaketriage.records import Case, CaseStatus, Database, Delivery, Occurrence
+from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
+from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.models import utc_now
 from flaketriage.work import Queue, Step
 
@@ -121,95 +122,41 @@ def cause_key(kind: str, exception_type: str | None, message: str | None) -> str
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-_STATE = (
-    Case.id,
-    Case.fingerprint,
-    Case.cause_key,
-    Case.status,
-    Case.error,
-    Case.generation,
-    Case.storm_of,
-    Case.last_triage_at,
-    Case.occurrences,
-    Case.last_seen,
+_KNOWN_DELIVERIES = select(Delivery.source, Delivery.delivery_id).where(
+    tuple_(Delivery.source, Delivery.delivery_id).in_(bindparam("pairs", expanding=True))
 )
-"""The columns of a case the triage rules read; all but the first three are written back."""
+_ADD_DELIVERIES = insert(Delivery).returning(Delivery.id)  # RETURNING: one multi-row INSERT (case_batch)
 
 
 @dataclass
-class _CaseRow:
-    """A case as one transaction sees it: read once, changed in memory, written back at the end."""
+class _Triage:
+    """A triage a sighting starts: its work is asked for once the case has its id."""
 
-    id: int
-    fingerprint: str
-    cause_key: str | None
-    status: str
-    error: str | None
-    generation: int
-    storm_of: int | None
-    last_triage_at: datetime | None
-    occurrences: int
-    last_seen: datetime
+    case: CaseRow
+    key: str
+    """The work key without the case: ``triage:<case id>:<key>``."""
+    sighting: Sighting
+    options: dict[str, Any]
 
-    @classmethod
-    def of(cls, row: Sequence[Any]) -> _CaseRow:
-        """The case in `row`, a row of the `_STATE` columns."""
-        return cls(*row)
-
-    def changes(self) -> dict[str, Any]:
-        """The parameters of `_WRITE_BACK` for this case."""
-        return {
-            "case_id": self.id,
-            "status": self.status,
-            "error": self.error,
-            "generation": self.generation,
-            "storm_of": self.storm_of,
-            "last_triage_at": self.last_triage_at,
-            "occurrences": self.occurrences,
-            "last_seen": self.last_seen,
-        }
-
-
-_WRITE_BACK = update(Case).where(Case.id == bindparam("case_id"))
-"""Executed with `_CaseRow.changes` of every case a batch sighted: the other keys are the SET clause."""
+    def request(self) -> WorkRequest:
+        return WorkRequest(
+            key=f"triage:{self.case.id}:{self.key}",
+            step=Step.TRIAGE,
+            queue=Queue.CPU,
+            case_id=self.case.id,
+            bundle_id=self.sighting.bundle_id,
+            store_url=self.sighting.store_url,
+            options=self.options,
+        )
 
 
 @dataclass
-class _Batch:
-    """What one transaction knows of the cases: every case it sights (created when missing, locked on
-    PostgreSQL), the storm leaders those follow, and per cause the first case outside the batch that
-    could lead a storm. Rows outside the batch are only read; the batch's own are changed here."""
-
-    now: datetime
-    sighted: dict[str, _CaseRow]
-    """By fingerprint, in the order they were first sighted."""
-    by_id: dict[int, _CaseRow]
-    """The sighted cases, and the others the rules may read (leaders)."""
-    new: set[int]
-    """Cases created by this batch whose first sighting is still to come."""
-    outside_leaders: dict[str, _CaseRow] = field(default_factory=dict)
-    """Per cause, the first case outside the batch that leads a storm now (if any)."""
-    by_cause: dict[str, list[_CaseRow]] = field(default_factory=dict)
-    """The sighted cases by cause, in id order: the batch's own storm leader candidates."""
-    occurrences: list[dict[str, Any]] = field(default_factory=list)
-
-    def storm_leader(self, case: _CaseRow, window: timedelta) -> _CaseRow | None:
-        """The first case of `case`'s cause triaged within `window` that follows no other: what a
-        query would find had every change so far been written (the batch's own as they are now)."""
-        assert case.cause_key is not None
-        since = self.now - window
-        leader = self.outside_leaders.get(case.cause_key)
-        for other in self.by_cause.get(case.cause_key, ()):
-            if leader is not None and other.id > leader.id:
-                break
-            if (
-                other.id != case.id
-                and other.storm_of is None
-                and other.last_triage_at is not None
-                and other.last_triage_at >= since
-            ):
-                return other
-        return leader
+class _Delivery:
+    row: dict[str, Any]
+    """The delivery's row; its outcome is final once its work is asked for."""
+    cases: list[CaseRow] = field(default_factory=list)
+    triages: list[_Triage] = field(default_factory=list)
+    work: tuple[int, ...] = ()
 
 
 class Intake:
@@ -264,130 +211,82 @@ class Intake:
 
     def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing]]:
         """One transaction of a few statements, whatever the batch holds: the rules run on the rows
-        in memory, and what they wrote goes back in one statement per table."""
+        in memory (`CaseBatch`), and what they wrote goes back in a statement or two per table."""
         with self.database.transaction() as conn:
             known = _known_deliveries(conn, items)
-            batch = self._batch(conn, items)
-            deliveries: list[tuple[dict[str, Any] | None, list[int], list[WorkRequest]]] = []
+            batch = CaseBatch.load(conn, _first_sightings(items), self.clock(), self.storm_window)
+            deliveries: list[_Delivery | None] = []
             for source, delivery_id, kind, sightings in items:
                 if (source, delivery_id) in known:
-                    deliveries.append((None, [], []))
+                    deliveries.append(None)
                     continue
                 known.add((source, delivery_id))
-                delivery = {
-                    "source": source,
-                    "delivery_id": delivery_id,
-                    "kind": kind,
-                    "outcome": (IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED).value,
-                    "received_at": batch.now,
-                }
+                outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED
+                delivery = _Delivery(
+                    {
+                        "source": source,
+                        "delivery_id": delivery_id,
+                        "kind": kind,
+                        "outcome": outcome.value,
+                        "received_at": batch.now,
+                    }
+                )
                 seen: dict[int, dict[str, Any]] = {}
-                case_ids: list[int] = []
-                requests: list[WorkRequest] = []
                 for sighting in sightings:
                     case = batch.sighted[sighting.fingerprint]
-                    request = self._sight(batch, source, delivery_id, sighting, case, seen)
-                    if case.id not in case_ids:
-                        case_ids.append(case.id)
-                    if request is not None:
-                        requests.append(request)
-                deliveries.append((delivery, case_ids, requests))
-            created = self.dispatcher.request_many(conn, [r for _, _, rs in deliveries for r in rs])
-            outgoing: list[Outgoing] = []
-            results: list[IntakeResult] = []
-            for recorded, case_ids, requests in deliveries:
-                if recorded is None:
-                    results.append(IntakeResult(IntakeOutcome.DUPLICATE))
-                    continue
-                works: list[int] = []
-                for request in requests:
-                    sent = created.pop(request.key, None)
-                    if sent is None:
-                        continue  # recorded before, or asked for again in this batch: started once
-                    works.append(sent.order.work_id)
-                    outgoing.append(sent)
-                    started = batch.by_id[request.case_id or 0]
-                    started.status, started.error, started.storm_of = CaseStatus.QUEUED.value, None, None
-                if works:
-                    recorded["outcome"] = IntakeOutcome.ACCEPTED.value
-                outcome = IntakeOutcome(recorded["outcome"])
-                results.append(IntakeResult(outcome, tuple(case_ids), tuple(works)))
-            rows = [recorded for recorded, _, _ in deliveries if recorded is not None]
-            if rows:
-                conn.execute(insert(Delivery), rows)
-            if batch.occurrences:
-                conn.execute(insert(Occurrence), batch.occurrences)
-            if batch.sighted:
-                conn.execute(_WRITE_BACK, [case.changes() for case in batch.sighted.values()])
+                    triage = self._sight(batch, source, delivery_id, sighting, case, seen)
+                    if case not in delivery.cases:
+                        delivery.cases.append(case)
+                    if triage is not None:
+                        delivery.triages.append(triage)
+                deliveries.append(delivery)
+            batch.create_new(conn)  # the cases have their ids from here on
+            outgoing = self._start(conn, [d for d in deliveries if d is not None])
+            recorded = [d.row for d in deliveries if d is not None]
+            if recorded:
+                conn.execute(_ADD_DELIVERIES, recorded)
+            batch.write_back(conn)
+        results = [
+            IntakeResult(IntakeOutcome.DUPLICATE)
+            if d is None
+            else IntakeResult(IntakeOutcome(d.row["outcome"]), tuple(c.id for c in d.cases), d.work)
+            for d in deliveries
+        ]
         return results, outgoing
 
-    # -- the cases of a batch ------------------------------------------------------------------
-    def _batch(self, conn: Connection, items: Sequence[Item]) -> _Batch:
-        """Every case the batch sights, by fingerprint (locked on PostgreSQL), the missing ones
-        created in one statement; then what the rules may read besides: leaders, storm candidates."""
-        now = self.clock()
-        first: dict[str, Sighting] = {}
-        for _, _, _, sightings in items:
-            for sighting in sightings:
-                first.setdefault(sighting.fingerprint, sighting)
-        found: dict[str, _CaseRow] = {}
-        if first:
-            query = select(*_STATE).where(Case.fingerprint.in_(sorted(first))).order_by(Case.id)
-            if not self.database.is_sqlite:
-                query = query.with_for_update()
-            found = {row.fingerprint: _CaseRow.of(row) for row in conn.execute(query)}
-        missing = [s for fingerprint, s in first.items() if fingerprint not in found]
-        new = _create_cases(conn, missing, now)
-        sighted = {fingerprint: found.get(fingerprint) or new[fingerprint] for fingerprint in first}
-        batch = _Batch(
-            now=now,
-            sighted=sighted,
-            by_id={case.id: case for case in sighted.values()},
-            new={case.id for case in new.values()},
+    def _start(self, conn: Connection, deliveries: Sequence[_Delivery]) -> list[Outgoing]:
+        """Ask for the work of every triage, in one statement; the tasks to send for the work
+        created now (a triage asked for again, or recorded before, is started once)."""
+        created = self.dispatcher.request_many(
+            conn, [triage.request() for d in deliveries for triage in d.triages]
         )
-        self._load_leaders(conn, batch)
-        return batch
-
-    def _load_leaders(self, conn: Connection, batch: _Batch) -> None:
-        """The leaders the batch's followers follow, and per cause the first case outside the batch
-        that leads a storm now: rows outside the batch do not change while it runs."""
-        followed = {c.storm_of for c in batch.sighted.values() if c.storm_of is not None} - batch.by_id.keys()
-        if followed:
-            for row in conn.execute(select(*_STATE).where(Case.id.in_(sorted(followed)))):
-                batch.by_id[row.id] = _CaseRow.of(row)
-        if self.storm_window <= timedelta(0):
-            return
-        for case in sorted(batch.sighted.values(), key=lambda c: c.id):
-            if case.cause_key is not None:
-                batch.by_cause.setdefault(case.cause_key, []).append(case)
-        if not batch.by_cause:
-            return
-        first = (
-            select(func.min(Case.id))
-            .where(
-                Case.cause_key.in_(sorted(batch.by_cause)),
-                Case.id.not_in(sorted(c.id for c in batch.sighted.values())),
-                Case.storm_of.is_(None),
-                Case.last_triage_at >= batch.now - self.storm_window,
-            )
-            .group_by(Case.cause_key)
-        )
-        for row in conn.execute(select(*_STATE).where(Case.id.in_(first.scalar_subquery()))):
-            leader = batch.by_id.setdefault(row.id, _CaseRow.of(row))
-            batch.outside_leaders[str(leader.cause_key)] = leader
+        outgoing: list[Outgoing] = []
+        for delivery in deliveries:
+            works: list[int] = []
+            for triage in delivery.triages:
+                sent = created.pop(f"triage:{triage.case.id}:{triage.key}", None)
+                if sent is None:
+                    continue
+                works.append(sent.order.work_id)
+                outgoing.append(sent)
+                case = triage.case
+                case.status, case.error, case.storm_of = CaseStatus.QUEUED.value, None, None
+            if works:
+                delivery.row["outcome"] = IntakeOutcome.ACCEPTED.value
+            delivery.work = tuple(works)
+        return outgoing
 
     # -- one sighting ---------------------------------------------------------------------------
     def _sight(
         self,
-        batch: _Batch,
+        batch: CaseBatch,
         source: str,
         delivery_id: str,
         sighting: Sighting,
-        case: _CaseRow,
+        case: CaseRow,
         seen: dict[int, dict[str, Any]],
-    ) -> WorkRequest | None:
-        new = case.id in batch.new
-        batch.new.discard(case.id)
+    ) -> _Triage | None:
+        new = batch.is_new(case) and case.occurrences == 0  # created by the batch, sighted first now
         if case.id in seen:
             # One delivery, one occurrence per case: a Sentry event whose exception is the tagged
             # bundle's, or a check run naming two bundles of one failure, sees the case twice.
@@ -396,7 +295,6 @@ class Intake:
             case.occurrences += 1
             case.last_seen = batch.now
             seen[case.id] = {
-                "case_id": case.id,
                 "source": source,
                 "delivery_id": delivery_id,
                 "bundle_id": sighting.bundle_id,
@@ -405,7 +303,7 @@ class Intake:
                 "provenance": sighting.provenance,
                 "received_at": batch.now,
             }
-            batch.occurrences.append(seen[case.id])
+            batch.add_occurrence(case, seen[case.id])
         if not sighting.bundle_id or sighting.trigger == "never":
             return None
         key = self._triage_key(batch, case, new, sighting, delivery_id)
@@ -417,31 +315,23 @@ class Intake:
         # Later sightings in this batch see the triage this one starts, as they would have seen it
         # committed had they come one at a time.
         case.status, case.last_triage_at = CaseStatus.QUEUED.value, batch.now
-        return WorkRequest(
-            key=key,
-            step=Step.TRIAGE,
-            queue=Queue.CPU,
-            case_id=case.id,
-            bundle_id=sighting.bundle_id,
-            store_url=sighting.store_url,
-            options=options,
-        )
+        return _Triage(case, key, sighting, options)
 
     def _triage_key(
-        self, batch: _Batch, case: _CaseRow, new: bool, sighting: Sighting, delivery_id: str
+        self, batch: CaseBatch, case: CaseRow, new: bool, sighting: Sighting, delivery_id: str
     ) -> str | None:
-        """The key of the triage this sighting starts, or None when it starts none."""
+        """The key (less ``triage:<case id>:``) of the triage this sighting starts, or None."""
         if sighting.trigger == "always":
             # Keys are at most 200 characters; a delivery id may be 128.
             request = hashlib.sha256(delivery_id.encode("utf-8")).hexdigest()[:32]
-            return f"triage:{case.id}:{sighting.bundle_id}:request:{request}"
+            return f"{sighting.bundle_id}:request:{request}"
         if new or case.status == CaseStatus.OPEN.value:
             leader = self._storm_leader(batch, case)
             if leader is not None:
                 case.storm_of = leader.id
                 case.status = leader.status
                 return None
-            return f"triage:{case.id}:g{case.generation}"
+            return f"g{case.generation}"
         status, last = case.status, case.last_triage_at
         leader = batch.by_id.get(case.storm_of) if case.storm_of is not None else None
         if leader is not None and last is None:
@@ -450,59 +340,28 @@ class Intake:
         stale = last is None or batch.now - last > self.retriage_after
         if status in (CaseStatus.FIXED.value, CaseStatus.FAILED.value) or stale:
             case.generation += 1
-            return f"triage:{case.id}:g{case.generation}"
+            return f"g{case.generation}"
         return None
 
-    def _storm_leader(self, batch: _Batch, case: _CaseRow) -> _CaseRow | None:
+    def _storm_leader(self, batch: CaseBatch, case: CaseRow) -> CaseRow | None:
         if not case.cause_key or self.storm_window <= timedelta(0):
             return None
         return batch.storm_leader(case, self.storm_window)
 
 
+def _first_sightings(items: Sequence[Item]) -> dict[str, NewCase]:
+    """By fingerprint, in the order first sighted: what a case made by that sighting is made with."""
+    first: dict[str, NewCase] = {}
+    for _, _, _, sightings in items:
+        for s in sightings:
+            if s.fingerprint not in first:
+                first[s.fingerprint] = NewCase(
+                    s.fingerprint, s.cause_key, s.kind, s.title[:500], s.test_id, s.job, s.repository
+                )
+    return first
+
+
 def _known_deliveries(conn: Connection, items: Sequence[Item]) -> set[tuple[str, str]]:
     pairs = {(source, delivery_id) for source, delivery_id, _, _ in items}
-    found = conn.execute(
-        select(Delivery.source, Delivery.delivery_id).where(
-            tuple_(Delivery.source, Delivery.delivery_id).in_(sorted(pairs))
-        )
-    )
+    found = conn.execute(_KNOWN_DELIVERIES, {"pairs": sorted(pairs)})
     return {(source, delivery_id) for source, delivery_id in found}
-
-
-def _create_cases(conn: Connection, sightings: Sequence[Sighting], now: datetime) -> dict[str, _CaseRow]:
-    """New cases for the first sightings of failures no case has yet, in one statement, by fingerprint."""
-    if not sightings:
-        return {}
-    rows = [
-        {
-            "fingerprint": s.fingerprint,
-            "cause_key": s.cause_key,
-            "kind": s.kind,
-            "title": s.title[:500],
-            "test_id": s.test_id,
-            "job": s.job,
-            "repository": s.repository,
-            "status": CaseStatus.OPEN.value,
-            "first_seen": now,
-            "last_seen": now,
-            "occurrences": 0,
-            "generation": 0,
-        }
-        for s in sightings
-    ]
-    ids = conn.execute(insert(Case).returning(Case.id, sort_by_parameter_order=True), rows).scalars().all()
-    return {
-        s.fingerprint: _CaseRow(
-            id=case_id,
-            fingerprint=s.fingerprint,
-            cause_key=s.cause_key,
-            status=CaseStatus.OPEN.value,
-            error=None,
-            generation=0,
-            storm_of=None,
-            last_triage_at=None,
-            occurrences=0,
-            last_seen=now,
-        )
-        for s, case_id in zip(sightings, ids, strict=True)
-    }

@@ -1,6 +1,6 @@
 """Prometheus metrics of one service: events by source and outcome, counted as they arrive; queue
-depth, cases by status, verdicts and durations read from the records at each scrape (the database is
-the record, and the workers that did the work are other processes)."""
+depth, cases by status, verdicts, durations and suspect runners read from the records at each scrape
+(the database is the record, and the workers that did the work are other processes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from flaketriage.errors import RecordsError
-from flaketriage.records import Case, Database, ReplayRow, Work, WorkStatus
+from flaketriage.records import Case, Database, ReplayRow, RunnerRow, Work, WorkStatus
 
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
@@ -67,6 +67,7 @@ class RecordsCollector(Collector):
             replay_durations = s.scalars(
                 select(ReplayRow.duration_s).where(ReplayRow.duration_s.is_not(None))
             ).all()
+            runners = s.execute(select(RunnerRow.id, RunnerRow.suspect, RunnerRow.environment_specific)).all()
             triage_spans = s.execute(
                 select(Work.started_at, Work.finished_at).where(
                     Work.step == "triage", Work.finished_at.is_not(None), Work.started_at.is_not(None)
@@ -91,6 +92,21 @@ class RecordsCollector(Collector):
             queue.add_metric([name, status], count)
         queue.add_metric(["replays", "queued"], pending_replays or 0)
         yield queue
+        suspect = GaugeMetricFamily(
+            "flaketriage_runner_suspect",
+            "1 for a runner flagged as suspect (environment-specific failures reproduce on it): drain it.",
+            labels=["runner"],
+        )
+        counted = GaugeMetricFamily(
+            "flaketriage_runner_environment_specific",
+            "Environment-specific verdicts that reproduced on each runner.",
+            labels=["runner"],
+        )
+        for runner, flagged, count in runners:
+            suspect.add_metric([runner], 1 if flagged else 0)
+            counted.add_metric([runner], count)
+        yield suspect
+        yield counted
         yield _histogram(
             "flaketriage_replay_duration_seconds",
             "Duration of each replay.",

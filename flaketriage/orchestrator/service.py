@@ -16,6 +16,7 @@ from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.records import Database
 from flaketriage.settings import Settings
+from flaketriage.work import Queue
 
 
 class PingingSender(TaskSender, Protocol):
@@ -81,4 +82,7 @@ def sending_app(settings: Settings) -> Any:
 def build_service(settings: Settings) -> Service:
     database = Database(settings.resolved_database_url())
     database.upgrade()
-    return Service.assemble(settings, database, CelerySender(sending_app(settings)))
+    # The work of a batch of deliveries goes to the broker as one message, which a worker consuming
+    # the report queue (the light one, which the sweep runs on too) sends on task by task.
+    sender = CelerySender(sending_app(settings), fan_out_queue=Queue.REPORT.value)
+    return Service.assemble(settings, database, sender)

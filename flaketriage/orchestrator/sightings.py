@@ -7,6 +7,7 @@ signed event cannot point a worker at an arbitrary path.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Sequence
@@ -36,6 +37,9 @@ class StorePolicy:
         self.allowed = [store_url(url) for url in allowed]
         if not self.allowed:
             raise StoreNotAllowed("no store is allowed: set FLAKETRIAGE_ALLOWED_STORES or FLAKETRIAGE_STORE")
+        # Every event names its store: the answer for the few locations senders use is kept (a
+        # canonical URL costs path parsing, a look at the working directory, a URI).
+        self._checked = functools.lru_cache(maxsize=256)(self._check)
 
     @property
     def default(self) -> str:
@@ -43,6 +47,9 @@ class StorePolicy:
 
     def check(self, url: str) -> str:
         """The canonical URL of `url` if the service may read it; `StoreNotAllowed` otherwise."""
+        return self._checked(url)
+
+    def _check(self, url: str) -> str:
         try:
             canonical = store_url(url)
         except FlaketriageError as exc:

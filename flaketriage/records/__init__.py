@@ -17,6 +17,7 @@ from flaketriage.records.models import (
     Occurrence,
     QuarantineRow,
     ReplayRow,
+    RunnerRow,
     Work,
     WorkStatus,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Occurrence",
     "QuarantineRow",
     "ReplayRow",
+    "RunnerRow",
     "Work",
     "WorkStatus",
     "database_url",

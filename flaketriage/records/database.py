@@ -8,13 +8,14 @@ database to the newest revision and is safe to call from several processes at on
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from flaketriage.dependencies import require
@@ -22,6 +23,11 @@ from flaketriage.errors import ConfigError, RecordsError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK = 0x46_54_52_47  # "FTRG": one schema upgrade at a time on PostgreSQL
+PING_AFTER_IDLE_S = 1.0
+"""A pooled PostgreSQL connection idle longer than this is pinged before use (a server restart, a
+proxy or a firewall may have dropped it meanwhile); one in steady use is not: that spares the
+receiver a round trip per transaction, and a connection that dies while in use fails its
+transaction either way."""
 
 
 def database_url(url: str) -> str:
@@ -62,15 +68,17 @@ class Database:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             options["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
-            options.update(
-                pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
-            )
+            options.update(pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5})
         self.engine: Engine = create_engine(self.url, **options)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             # Every transaction takes the write lock at BEGIN: a read-then-write (a claim, a dedupe)
             # can then never act on a snapshot another writer has changed meanwhile.
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        else:
+            for when in ("connect", "checkin"):
+                event.listen(self.engine, when, _mark_idle)
+            event.listen(self.engine, "checkout", self._ping_if_idle)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def __repr__(self) -> str:
@@ -94,6 +102,28 @@ class Database:
             raise
         finally:
             session.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection in a transaction that commits when the block ends and rolls back on an error:
+        for SQL statements without the ORM's bookkeeping (the receiver's hot path). Database errors
+        become `RecordsError`, as in `session`."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
+
+    def _ping_if_idle(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        """SQLAlchemy's ``pool_pre_ping`` for connections idle past `PING_AFTER_IDLE_S` only: a dead
+        one is replaced by a fresh one (the pool tries the checkout again on `DisconnectionError`)."""
+        idle_since = record.info.get("idle_since")
+        if idle_since is not None and time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return
+        try:
+            self.engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"the pooled connection is gone: {_first_line(exc)}") from exc
 
     @property
     def safe_url(self) -> str:
@@ -130,6 +160,10 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _mark_idle(_dbapi_connection: Any, record: Any) -> None:
+    record.info["idle_since"] = time.monotonic()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

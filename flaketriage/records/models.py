@@ -1,5 +1,5 @@
 """The tables: what arrived (deliveries, occurrences), what it is about (cases), what was done (work,
-replays) and what stands (quarantine).
+replays), what stands (quarantine) and the machines replays ran on (runners).
 
 A case is one failure, keyed by its fingerprint. An occurrence is one report of it (an event, a
 GitHub run, a Sentry alert). Work is one step of the pipeline for a case and a bundle (triage,
@@ -13,7 +13,18 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -187,6 +198,9 @@ class ReplayRow(Base):
     summary: Mapped[str | None] = mapped_column(Text)
     duration_s: Mapped[float | None] = mapped_column(Float)
     runner: Mapped[str | None] = mapped_column(String(200))
+    """The machine it ran on (`RunnerRow.id`: host and GPUs), what hardware attribution compares."""
+    worker: Mapped[str | None] = mapped_column(String(200))
+    """The worker process that ran it (``host:pid``)."""
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
     sent_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
@@ -205,3 +219,28 @@ class QuarantineRow(Base):
     """The entry as `QuarantineEntry.model_dump(mode="json")`."""
     clean_reruns: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class RunnerRow(Base):
+    """A machine replays ran on, by its runner id (`flaketriage.workers.attribution.RunnerIdentity`).
+
+    A runner named in environment-specific verdicts (the failure reproduced there and not on other
+    hardware) counts them; past ``FLAKETRIAGE_RUNNER_SUSPECT_AFTER`` it is flagged as suspect, to be
+    drained and checked.
+    """
+
+    __tablename__ = "runners"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    gpus: Mapped[list[Any]] = mapped_column(default=list)
+    """``[{"name": ..., "uuid": ...}]``, by index."""
+    driver: Mapped[str | None] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    last_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    replays: Mapped[int] = mapped_column(Integer, default=0)
+    environment_specific: Mapped[int] = mapped_column(Integer, default=0)
+    """Environment-specific verdicts in which a failure reproduced here and not elsewhere."""
+    suspect: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    last_case_id: Mapped[int | None] = mapped_column(ForeignKey("cases.id"))
+    """The case of the latest such verdict."""

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO, Self
+from typing import BinaryIO, Self, cast
 
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import CorruptObjectError, ObjectTooLargeError, StoreError
 from flaketriage.manifest import BlobRef
+from flaketriage.store.compression import SAMPLE, compressor, packed_sample
+from flaketriage.store.state import NO_STATE, FileStamp, FileState, KnownFile
 
 RAW = b"\x00"
 ZSTD = b"\x01"
 CHUNK = 1 << 20
-_MIN_COMPRESS = 512  # below this the frame overhead eats any saving
 MAX_MANIFEST_BYTES = 64 << 20
 """The most a manifest may hold: real ones are kilobytes (file lists, a package freeze)."""
 MAX_IN_MEMORY_BYTES = 512 << 20
@@ -41,14 +43,14 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def encode(data: bytes) -> bytes:
-    """The stored form of `data`: zstd where that saves space, raw otherwise."""
-    if len(data) >= _MIN_COMPRESS:
-        import zstandard
-
-        packed = zstandard.ZstdCompressor(level=3).compress(data)
-        if len(packed) < len(data):
-            return ZSTD + packed
-    return RAW + data
+    """The stored form of `data`: zstd where that pays (`flaketriage.store.compression`), raw
+    otherwise."""
+    packed = packed_sample(data)
+    if packed is None:
+        return RAW + data
+    if len(data) > SAMPLE:
+        packed = compressor().compress(data)
+    return ZSTD + packed if len(packed) < len(data) else RAW + data
 
 
 def decode(stored: bytes, key: str, where: str) -> bytes:
@@ -106,8 +108,11 @@ def _free_bytes(dest: Path) -> tuple[int, Path] | None:
     return None
 
 
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
 def check_key(key: str) -> str:
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+    if not _KEY.fullmatch(key):
         raise StoreError(f"{key!r} is not a blob key: expected 64 lowercase hex characters (a SHA-256)")
     return key
 
@@ -119,6 +124,9 @@ class Store(ABC):
     """
 
     readonly: bool = False
+    state: FileState = NO_STATE
+    """The stat cache (`flaketriage.store.state`): files this store took, known by their stat so
+    that `put_file` need not read them again. Backends with a place to keep one set their own."""
 
     @classmethod
     @abstractmethod
@@ -152,6 +160,16 @@ class Store(ABC):
     @abstractmethod
     def _write_object(self, key: str, stored: bytes) -> None:
         """Store the encoded form atomically; a no-op when the key exists."""
+
+    def _write_stream(self, key: str, stored: Iterator[bytes]) -> None:
+        """Store the encoded form, streamed, atomically: an exception raised by `stored` leaves
+        nothing under `key`. Backends that can stream override this; the default joins the chunks."""
+        self._write_object(key, b"".join(stored))
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys of `keys` that are not present, in order (one batch: backends where each check
+        is a round trip override this to check in parallel)."""
+        return [key for key in keys if not self.has(key)]
 
     @abstractmethod
     def has(self, key: str) -> bool:
@@ -199,8 +217,43 @@ class Store(ABC):
         return BlobRef(sha256=key, size=len(data))
 
     def put_file(self, path: Path) -> BlobRef:
-        """Store a file's bytes. Backends may stream; the default reads it whole."""
-        return self.put_bytes(Path(path).read_bytes())
+        """Store a file's bytes, each read once and hashed as it is read (`_put_stream`).
+
+        A file the stat cache knows (unchanged since this store took it: same path, device, inode,
+        size, mtime and ctime) whose object is still here is not read at all.
+        """
+        self._refuse_if_readonly()
+        with open(path, "rb") as fh:
+            stamp = FileStamp.of(path, fh.fileno())
+            known = self.cached_file(stamp)
+            if known is not None:
+                return known.ref
+            stored = self._put_stream(fh, stamp.size)
+            if FileStamp.of(path, fh.fileno()) == stamp:  # else it changed while it was read
+                self.remember_file(stamp, stored)
+        return stored.ref
+
+    def _put_stream(self, stream: BinaryIO, size: int) -> KnownFile:
+        """Store what `stream` holds (about `size` bytes), read once. The default reads it into
+        memory; backends that can stream override this."""
+        data = stream.read()
+        return KnownFile(self.put_bytes(data), binary=b"\0" in data)
+
+    def cached_file(self, stamp: FileStamp) -> KnownFile | None:
+        """What this store holds of the file `stamp` describes, when the stat cache knows that file
+        unchanged and its object is still here; else None (read the file)."""
+        known = self.state.get(stamp)
+        return known if known is not None and self.has(known.ref.sha256) else None
+
+    def remember_file(self, stamp: FileStamp, stored: KnownFile) -> None:
+        """Record in the stat cache that the file `stamp` describes (read after the stamp was taken,
+        unchanged meanwhile) is stored as `stored`; a file changed too recently is not recorded."""
+        self.state.put(stamp, stored)
+
+    def flush(self) -> None:
+        """Make every object written so far durable, before a manifest names them (`write_bundle`
+        calls it). Backends that write without syncing each object override this."""
+        self.state.flush()
 
     def chunks(self, key: str, *, max_size: int | None = None, why: str | None = None) -> Iterator[bytes]:
         """A blob's raw bytes, streamed; the hash is checked once the last chunk is out.
@@ -216,18 +269,21 @@ class Store(ABC):
             for chunk in decoded_chunks(stream, key, self.location):
                 size += len(chunk)
                 if max_size is not None and size > max_size:
-                    raise ObjectTooLargeError(
-                        key,
-                        self.location,
-                        max_size,
-                        f"it inflates past {why or f'the {max_size} bytes its manifest records'}",
-                        "The bundle that names it is damaged or was built to exhaust the reader: "
-                        "re-capture the failure, or restore the store from a copy",
-                    )
+                    raise self._inflates_past(key, max_size, why)
                 digest.update(chunk)
                 yield chunk
         if digest.hexdigest() != key:
             raise CorruptObjectError(key, digest.hexdigest(), self.location)
+
+    def _inflates_past(self, key: str, max_size: int, why: str | None) -> ObjectTooLargeError:
+        return ObjectTooLargeError(
+            key,
+            self.location,
+            max_size,
+            f"it inflates past {why or f'the {max_size} bytes its manifest records'}",
+            "The bundle that names it is damaged or was built to exhaust the reader: "
+            "re-capture the failure, or restore the store from a copy",
+        )
 
     def get_bytes(self, key: str, *, max_size: int | None = None, why: str | None = None) -> bytes:
         """A blob's raw bytes, after checking they hash to `key`: at most `max_size` of them (the
@@ -281,7 +337,75 @@ class Store(ABC):
                     self.delete(key)
         return bad
 
-    def copy_to(self, other: Store, key: str) -> None:
-        """Copy one verified blob into another store."""
-        if not other.has(key):
-            other.put_bytes(self.get_bytes(key))
+    def stored_chunks(self, key: str, *, max_size: int | None = None) -> Iterator[bytes]:
+        """A blob's stored (encoded) form, streamed as it is stored, for a byte-for-byte copy.
+
+        Verified on the way: the stored form is decoded beside the copy and the raw bytes are hashed
+        (and bounded by `max_size`, like `chunks`), and a mismatch raises once the last chunk is
+        out, so a writer that commits only after the stream ends (`put_stored`) never commits it.
+        """
+        check_key(key)
+        digest = hashlib.sha256()
+        size = 0
+        with self._open_object(key) as stream:
+            tee = _Tee(stream)
+            for chunk in decoded_chunks(cast(BinaryIO, tee), key, self.location):
+                size += len(chunk)
+                if max_size is not None and size > max_size:
+                    raise self._inflates_past(key, max_size, None)
+                digest.update(chunk)
+                if passed := tee.take():
+                    yield passed
+            while tee.read(CHUNK):  # what follows a zstd frame is copied as stored, too
+                yield tee.take()
+            if rest := tee.take():
+                yield rest
+        if digest.hexdigest() != key:
+            raise CorruptObjectError(key, digest.hexdigest(), self.location)
+
+    def put_stored(self, key: str, stored: Iterable[bytes]) -> int:
+        """Write a blob's stored form (another store's `stored_chunks`) under `key`, streamed, and
+        return the bytes written. The caller has checked the key is missing; an exception raised
+        by `stored` leaves nothing under `key`."""
+        self._refuse_if_readonly()
+        counter = _Counter(stored)
+        self._write_stream(check_key(key), iter(counter))
+        return counter.size
+
+    def copy_to(self, other: Store, key: str, *, max_size: int | None = None) -> int:
+        """Copy one blob into another store as it is stored (byte for byte), verified on the way;
+        the bytes sent (0 when `other` has it already)."""
+        if other.has(check_key(key)):
+            return 0
+        return other.put_stored(key, self.stored_chunks(key, max_size=max_size))
+
+
+class _Tee:
+    """A stream that keeps what is read from it: the stored form passes on while it is decoded."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._seen: list[bytes] = []
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._seen.append(data)
+        return data
+
+    def take(self) -> bytes:
+        data = b"".join(self._seen)
+        self._seen.clear()
+        return data
+
+
+class _Counter:
+    """The chunks of an iterable, counting their bytes as they pass."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.size += len(chunk)
+            yield chunk

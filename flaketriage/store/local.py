@@ -4,6 +4,16 @@ Every write goes through `flaketriage.atomic`: a unique temp file renamed into p
 writers of the same object race harmlessly and a crash never leaves a half-written object under its
 final name. An object is written once; a later writer of the same key keeps the one there.
 
+Durability is batched: a large object (a file of `CHUNK` bytes or more) is synced before it is
+named, but small ones, thousands per capture, are named at once and made durable together by
+`LocalStore.flush`, which `write_bundle` calls before the manifest that names them is listed (one
+``syncfs`` for many, an ``fsync`` each for a few). What a power cut can leave is an object file
+that is empty: it counts as absent, and the next writer of that key replaces it.
+
+`put_file` reads each byte once: it hashes, samples for compression and writes in the same pass,
+and a file the stat cache (``state/<uid>.sqlite``, one per user: `flaketriage.store.state`) knows
+unchanged is not read at all.
+
 Bundles hold source, logs and data, so what the store creates is its owner's alone (files 0600,
 directories 0700); a store `shared` by a team is group-readable instead (files 0640, directories
 2770, whose set-group-id bit gives new entries the directory's group).
@@ -12,16 +22,25 @@ directories 0700); a store `shared` by a team is group-readable instead (files 0
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from flaketriage.atomic import STALE_AFTER_S, remove_stale, staged_file, write_atomic
+from flaketriage.atomic import (
+    STALE_AFTER_S,
+    StagedFile,
+    remove_stale,
+    staged_file,
+    write_atomic,
+    write_unsynced,
+)
 from flaketriage.errors import (
     ConfigError,
     ObjectNotFoundError,
@@ -30,10 +49,17 @@ from flaketriage.errors import (
 )
 from flaketriage.manifest import BlobRef
 from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key
+from flaketriage.store.compression import LEVEL, pays
 from flaketriage.store.registry import local_path
+from flaketriage.store.state import KnownFile, SqliteFileState
 
 _SWEPT = ".swept"
 """Touched in ``objects/`` by each full sweep of stale temp files (no object key looks like it)."""
+SYNC_EACH_MAX = 64
+"""`LocalStore.flush` syncs up to this many objects one by one, more with one ``syncfs``."""
+RECENT_S = 60.0
+"""An object found written this recently by another writer may not be on disk yet: `flush` syncs it
+too before a manifest of this process names it."""
 
 
 class LocalStore(Store):
@@ -54,6 +80,9 @@ class LocalStore(Store):
                 raise StoreError(f"no store at {self.root}: the directory does not exist")
         else:
             self._prepare()
+            self.state = SqliteFileState(self.root / "state" / f"{os.getuid()}.sqlite")
+        self._unsynced: set[str] = set()
+        self._unsynced_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> LocalStore:
@@ -74,7 +103,7 @@ class LocalStore(Store):
         try:
             self.root.parent.mkdir(parents=True, exist_ok=True)
             self._make_dir(self.root)  # an existing root may be a directory of the user's own
-            for sub in ("objects", "refs", "tmp"):
+            for sub in ("objects", "refs", "tmp", "state"):
                 self._make_dir(self.root / sub, existing=True)
             with tempfile.NamedTemporaryFile(dir=self.root / "tmp"):
                 pass  # creating a file is the only reliable writability test (root ignores modes)
@@ -168,12 +197,57 @@ class LocalStore(Store):
         )
 
     def _write_object(self, key: str, stored: bytes) -> None:
+        path = f"{self.root}/objects/{key[:2]}/{key[2:]}"  # a string: it runs per file
+        if self._present(path):
+            return
+        try:
+            try:  # an empty file a power cut left is replaced: it is no object
+                write_unsynced(path, stored, mode=self.file_mode)
+            except FileNotFoundError:  # the first object under this prefix
+                self._make_parents(Path(path))
+                write_unsynced(path, stored, mode=self.file_mode)
+        except OSError as exc:
+            raise self._not_writable(Path(path), exc) from exc
+        with self._unsynced_lock:
+            self._unsynced.add(path)
+
+    def _present(self, path: Path | str) -> bool:
+        """Whether an object file is there and not empty (every stored form has its tag byte)."""
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if st.st_size and time.time() - st.st_mtime < RECENT_S:
+            with self._unsynced_lock:
+                self._unsynced.add(os.fspath(path))
+        return st.st_size > 0
+
+    def flush(self) -> None:
+        """Sync the objects written (or found just written) since the last flush."""
+        with self._unsynced_lock:
+            paths, self._unsynced = self._unsynced, set()
+        try:
+            if len(paths) > SYNC_EACH_MAX:
+                _sync_file_system(self.root)
+            else:
+                for path in sorted(paths):
+                    _fsync(Path(path))
+        except OSError as exc:
+            with self._unsynced_lock:
+                self._unsynced |= paths
+            raise self._not_writable(self.root / "objects", exc) from exc
+        super().flush()
+
+    def _write_stream(self, key: str, stored: Iterator[bytes]) -> None:
+        """A copied object (`Store.put_stored`), synced as it is named; an empty file a power cut
+        left under its name is replaced (any writer of a key writes the same bytes)."""
         path = self._object_path(key)
-        if not path.exists():
-            self._atomic_write(path, [stored], once=True)
+        if not self._present(path):
+            self._atomic_write(path, stored)
 
     def has(self, key: str) -> bool:
-        return self._object_path(check_key(key)).is_file()
+        check_key(key)
+        return self._present(f"{self.root}/objects/{key[:2]}/{key[2:]}")  # a string: it runs per file
 
     def keys(self) -> Iterator[str]:
         objects = self.root / "objects"
@@ -226,48 +300,113 @@ class LocalStore(Store):
         return self.root.joinpath("refs", *parts)
 
     # -- streaming ----------------------------------------------------------------------------
-    def put_file(self, path: Path) -> BlobRef:
-        """Hash and compress a file in one streaming pass; keep it raw when zstd does not help."""
-        self._refuse_if_readonly()
-        import zstandard
+    def _put_stream(self, stream: BinaryIO, size: int) -> KnownFile:
+        """One pass: each chunk is hashed, checked for NUL bytes and written as it is read.
 
-        src = Path(path)
+        A file shorter than `CHUNK` goes through `put_bytes` (nothing is written when the key is
+        here). A larger one is streamed into a staged file in ``tmp/``, zstd-compressed when its
+        first chunk says that pays, and named by its hash at the end, or dropped when the store has
+        that key already.
+        """
+        head = stream.read(CHUNK)
+        if len(head) < CHUNK:  # a regular file reads short only at its end
+            return KnownFile(self.put_bytes(head), binary=b"\0" in head)
+        compress = pays(head)
         digest = hashlib.sha256()
-        size = 0
-        # The key is known only once the file is read: staged in tmp/, named at the end.
-        with staged_file(self.root / "tmp", prefix="put-") as staged, src.open("rb") as fh:
+        total = 0
+        binary = False
+        with staged_file(self.root / "tmp", prefix="put-") as staged:
             out = staged.file
-            out.write(ZSTD)
-            writer = zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False)
-            while chunk := fh.read(CHUNK):
+            out.write(ZSTD if compress else RAW)
+            sink: BinaryIO = out
+            if compress:
+                import zstandard
+
+                # Several threads for a large file: the output differs, the key (raw bytes) does not.
+                sink = zstandard.ZstdCompressor(level=LEVEL, threads=-1).stream_writer(out, closefd=False)
+            buffer = bytearray(CHUNK)
+            view = memoryview(buffer)
+            buffer[:] = head
+            n = len(head)
+            kicked = synced = 0
+            while n:
+                chunk = view[:n]
                 digest.update(chunk)
-                size += len(chunk)
-                writer.write(chunk)
-            writer.close()  # type: ignore[no-untyped-call]
-            packed_size = out.tell()
+                binary = binary or buffer.find(0, 0, n) >= 0
+                sink.write(chunk)
+                total += n
+                if total - kicked >= _WRITEBACK_EVERY:
+                    out.flush()
+                    synced, kicked = _start_writeback(out.fileno(), synced, out.tell()), total
+                n = stream.readinto(buffer)  # type: ignore[attr-defined]
+            if compress:
+                sink.close()
             key = digest.hexdigest()
             final = self._object_path(key)
-            if not final.exists():
-                if packed_size >= size + 1:
-                    self._write_raw_copy(src, final, key)
-                else:
-                    try:
-                        self._make_parents(final)
-                        staged.commit(final, mode=self.file_mode, overwrite=False)
-                    except OSError as exc:
-                        raise self._not_writable(final, exc) from exc
-        return BlobRef(sha256=key, size=size)
+            if not self._present(final):
+                self._commit(staged, final)
+        return KnownFile(BlobRef(sha256=key, size=total), binary)
 
-    def _write_raw_copy(self, src: Path, final: Path, key: str) -> None:
-        digest = hashlib.sha256()
+    def _commit(self, staged: StagedFile, final: Path) -> None:
+        """Sync and name a staged large object (an empty file under its name is replaced)."""
+        try:
+            if final.is_file() and final.stat().st_size == 0:
+                final.unlink()  # what a power cut left: no object (a full one is kept, below)
+            self._make_parents(final)
+            staged.commit(final, mode=self.file_mode, overwrite=False)
+        except OSError as exc:
+            raise self._not_writable(final, exc) from exc
 
-        def chunks() -> Iterator[bytes]:
-            yield RAW
-            with src.open("rb") as fh:
-                while chunk := fh.read(CHUNK):
-                    digest.update(chunk)
-                    yield chunk
-            if digest.hexdigest() != key:  # raised before the rename: nothing lands under `key`
-                raise StoreError(f"{src} changed while it was being stored; capture it again")
 
-        self._atomic_write(final, chunks(), once=True)
+_WRITEBACK_EVERY = 32 << 20
+
+
+def _start_writeback(fd: int, start: int, end: int) -> int:
+    """Have the kernel start writing bytes `start`..`end` of `fd` to disk, without waiting (Linux's
+    ``sync_file_range``): the fsync before a large object is named then waits for its tail only,
+    and the disk works while the rest is read and hashed. Returns `end`."""
+    writeback = _writeback_call()
+    if writeback is not None and end > start:
+        writeback(fd, start, end - start, 2)  # SYNC_FILE_RANGE_WRITE; a failure is the fsync's to say
+    return end
+
+
+@functools.cache
+def _writeback_call() -> Any:
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return call
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # deleted since (garbage collection): nothing to make durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_file_system(directory: Path) -> None:
+    """``syncfs(2)`` on the file system that holds `directory`; ``sync()`` where there is none."""
+    import ctypes
+
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(directory))
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from flaketriage.errors import ConfigError, ObjectNotFoundError, StoreError
 from flaketriage.store.base import Store, check_key
+from flaketriage.store.state import MemoryFileState
 
 SCHEME = "memory://"
 
@@ -29,6 +30,8 @@ class _Space:
         self.written: dict[str, float] = {}
         """When each object was written (``time.monotonic()``), for `MemoryStore.age`."""
         self.lock = threading.Lock()
+        self.state = MemoryFileState()
+        """The stat cache of the files stored here, shared like the objects."""
 
 
 _named: dict[str, _Space] = {}
@@ -68,6 +71,7 @@ class MemoryStore(Store):
         self._objects = self._space.objects
         self._refs = self._space.refs
         self._lock = self._space.lock
+        self.state = self._space.state
 
     @classmethod
     def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> MemoryStore:

@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 
 from flaketriage.broker import celery_config
-from flaketriage.dispatch import CelerySender, Dispatcher
+from flaketriage.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.records import Database
 from flaketriage.settings import Settings
@@ -25,16 +25,19 @@ from flaketriage.work import (
     GC_TASK,
     SCHEDULE_RERUNS_TASK,
     SCHEDULE_TELEMETRY_TASK,
+    SEND_TASKS_TASK,
     SWEEP_TASK,
     Queue,
     Step,
+    TaskBatch,
     WorkOrder,
     task_name,
 )
-from flaketriage.workers.comments import MarkdownCommenter
+from flaketriage.workers.attribution import RunnerIdentity
+from flaketriage.workers.comments import open_commenter
 from flaketriage.workers.pipeline import Pipeline, WorkerEnv
 from flaketriage.workers.replay import ReplayContext
-from flaketriage.workers.report.markdown import MarkdownIssueSink
+from flaketriage.workers.report.backend import open_issue_sink
 from flaketriage.workers.sandbox import make_sandbox
 from flaketriage.workers.upkeep import Upkeep
 
@@ -64,7 +67,6 @@ class _PerProcess:
 
 def build_env(settings: Settings, app: Celery) -> WorkerEnv:
     database = Database(settings.resolved_database_url())
-    issues = settings.resolved_issues_dir()
     return WorkerEnv(
         settings=settings,
         database=database,
@@ -74,10 +76,11 @@ def build_env(settings: Settings, app: Celery) -> WorkerEnv:
             sweep_after_s=settings.sweep_after_s,
             replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
         ),
-        sandbox=make_sandbox(settings.sandbox, warn=log.warning),
-        sink=MarkdownIssueSink(issues),
-        commenter=MarkdownCommenter(issues / "comments"),
-        context=ReplayContext.from_process(),
+        sandbox=make_sandbox(settings.sandbox, warn=log.warning, settings=settings),
+        sink=open_issue_sink(settings),  # GitHub when FLAKETRIAGE_GITHUB_REPO and credentials are set
+        commenter=open_commenter(settings),
+        context=ReplayContext.from_settings(settings),
+        identity=RunnerIdentity.local(host=settings.runner_host),
     )
 
 
@@ -95,6 +98,7 @@ def create_celery(settings: Settings) -> Celery:
         SCHEDULE_RERUNS_TASK: {"queue": Queue.REPORT.value},
         SCHEDULE_TELEMETRY_TASK: {"queue": Queue.REPORT.value},
         GC_TASK: {"queue": Queue.REPORT.value},
+        SEND_TASKS_TASK: {"queue": Queue.REPORT.value},
     }
     holder = _PerProcess(settings, app)
     retry: dict[str, Any] = {
@@ -131,11 +135,21 @@ def create_celery(settings: Settings) -> Celery:
     def gc() -> dict[str, int]:
         return Upkeep(holder.env()).collect_garbage()
 
+    sender = CelerySender(app)
+
+    def send_tasks(batch: dict[str, Any]) -> int:
+        # The receiver's fan-out: its tasks, sent on in one round trip (no database needed). Sent
+        # again should this one be retried: a step task delivered twice does its work once.
+        tasks = TaskBatch.model_validate(batch).tasks
+        sender.send_many([Outgoing(t.name, t.order, t.queue) for t in tasks])
+        return len(tasks)
+
     for name, fn in (
         (SWEEP_TASK, sweep),
         (SCHEDULE_RERUNS_TASK, schedule_reruns),
         (SCHEDULE_TELEMETRY_TASK, schedule_telemetry),
         (GC_TASK, gc),
+        (SEND_TASKS_TASK, send_tasks),
     ):
         app.task(name=name, **retry)(fn)
 

@@ -1,7 +1,9 @@
 """Answers to people who asked for a triage (a ``/flaketriage triage`` comment, a labelled issue).
 
 `Commenter` is where they go; `MarkdownCommenter` appends them to a Markdown file per issue (the
-embedded default, next to the Markdown issues); the GitHub reporter comments on the issue itself.
+embedded default, next to the Markdown issues); `GitHubCommenter`
+(`flaketriage.workers.report.github_sink`) comments on the issue itself. `open_commenter` picks
+the one the settings ask for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Protocol
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import ReportError
 from flaketriage.file_lock import locked
+from flaketriage.settings import Settings
 from flaketriage.workers.report.base import ReportRef
 
 
@@ -40,3 +43,15 @@ class MarkdownCommenter:
         except OSError as exc:
             raise ReportError(f"cannot write the comment for {repository}#{issue} to {path}: {exc}") from exc
         return ReportRef(kind="markdown", location=str(path), created=False)
+
+
+def open_commenter(settings: Settings) -> Commenter:
+    """A `GitHubCommenter` when GitHub is configured, else Markdown files in ``<issues>/comments``."""
+    from flaketriage.workers.report.backend import github_client
+
+    client = github_client(settings)
+    if client is None:
+        return MarkdownCommenter(settings.resolved_issues_dir() / "comments")
+    from flaketriage.workers.report.github_sink import GitHubCommenter
+
+    return GitHubCommenter(client)

@@ -24,6 +24,7 @@ from flaketriage.os_strings import has_undecodable, shell_join, shell_word
 from flaketriage.printable import printable
 from flaketriage.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
 from flaketriage.store import Store
+from flaketriage.workers.environments import WORKER_PACKAGES, local_project_names
 from flaketriage.workers.report.render import environment_rows, markdown_table
 
 SITECUSTOMIZE = Path(__file__).parent / "sitecustomize" / "sitecustomize.py"
@@ -178,12 +179,7 @@ def _normalize(name: str) -> str:
 
 def _local_names(manifest: Manifest) -> set[str]:
     """Names the project under test may be installed as (it is in the workspace, not on an index)."""
-    names = {"flaketriage"}
-    for where in (manifest.source.repo_path, manifest.source.remote, manifest.command.cwd):
-        if where:
-            stem = re.sub(r"\.git$", "", where.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1])
-            names.add(_normalize(stem))
-    return names
+    return {*WORKER_PACKAGES, *local_project_names(manifest)}
 
 
 def requirements(manifest: Manifest, bundle_id: str) -> str:

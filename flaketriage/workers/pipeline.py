@@ -13,7 +13,8 @@ it works, so a task delivered twice does nothing twice and files no second repor
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import socket
@@ -35,14 +36,19 @@ from flaketriage.records.models import utc_now
 from flaketriage.settings import Settings
 from flaketriage.store import Store, open_store
 from flaketriage.work import Queue, Step, WorkOrder, task_name
+from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.comments import Commenter
+from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.records_quarantine import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueSink
+from flaketriage.workers.report.render import evidence_line, inert
+from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
 from flaketriage.workers.sandbox import Sandbox
+from flaketriage.workers.telemetry import TelemetryRun, telemetry_policy
 from flaketriage.workers.triage import Finding, TriageResult, decide, report, should_minimize, triage
 from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy
 
@@ -64,8 +70,16 @@ class WorkerEnv:
     sink: IssueSink | None
     commenter: Commenter | None
     context: ReplayContext
-    runner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    identity: RunnerIdentity = field(default_factory=RunnerIdentity.local)
+    """The machine this worker replays on: its host and GPUs (`flaketriage.workers.attribution`)."""
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    """This worker process, as replay rows name it beside the runner."""
     _replayers: OrderedDict[tuple[str, str], Replayer] = field(default_factory=OrderedDict)
+
+    @property
+    def runner(self) -> str:
+        """The runner id replays record: the host name plus a digest of its GPUs' UUIDs."""
+        return self.identity.id
 
     def policy(self, *, max_replays: int | None = None) -> VerdictPolicy:
         s = self.settings
@@ -94,13 +108,17 @@ class WorkerEnv:
             old.close()
         return replayer
 
-    def fresh_replayer(self, store_url: str, manifest: Manifest, *, latest: bool = False) -> Replayer:
-        """A new replayer (the caller closes it); with `latest`, at its branch's newest commit."""
+    def fresh_replayer(
+        self, store_url: str, manifest: Manifest, *, latest: bool = False, timeout_s: float | None = None
+    ) -> Replayer:
+        """A new replayer (the caller closes it); with `latest`, at its branch's newest commit;
+        `timeout_s`, when given, is every replay's limit."""
         return Replayer(
             self.store(store_url),
             manifest,
             self.sandbox,
             context=self.context,
+            timeout_s=timeout_s,
             default_timeout_s=self.settings.replay_timeout_s,
             memory_mb=self.settings.replay_memory_mb,
             latest=latest,
@@ -151,8 +169,21 @@ class Pipeline:
             pending = any(row.outcome is None for row in rows)
             if test.done:
                 result = TriageResult(
-                    bundle_id=manifest.bundle_id, verdict=test.result(), findings=_findings(rows)
+                    bundle_id=manifest.bundle_id,
+                    verdict=test.result(),
+                    findings=_findings(rows),
+                    hang=_hang(rows),
+                    # Checked on the runner that decides: a GPU bundle's replays and decision all
+                    # run on the gpu queue.
+                    hardware_difference=(
+                        gpu_difference(manifest.hardware, self.env.context.gpus())
+                        if manifest.hardware.gpus
+                        else None
+                    ),
                 )
+                current = session.get(Work, work_id)
+                assert current is not None
+                self._attribute(session, current, manifest, result)
                 outgoing.extend(self._decided(session, work_id, manifest, result))
                 state = "decided"
             elif pending:
@@ -198,6 +229,7 @@ class Pipeline:
                 memory_mb=self.env.settings.replay_memory_mb,
             )
         with self.db.session() as session:
+            record_replay(session, self.env.identity, replays=result.verdict.replays)
             outgoing = self._decided(session, work.id, manifest, result)
         self.env.dispatcher.send(outgoing)
         return "decided"
@@ -262,13 +294,22 @@ class Pipeline:
                 .values(
                     outcome=str(outcome),
                     fingerprint=failure.fingerprint if failure else None,
-                    summary=_summary(failure) if outcome is Outcome.DIFFERENT else None,
+                    summary=(
+                        result.reason  # why the bundle's environment cannot be had on this runner
+                        if outcome is Outcome.ENVIRONMENT
+                        else _summary(failure)
+                        if outcome is Outcome.DIFFERENT or _hung(failure)
+                        else None
+                    ),
                     duration_s=duration,
                     runner=self.env.runner,
+                    worker=self.env.worker,
                     finished_at=utc_now(),
                 )
                 .execution_options(synchronize_session=False)
             ).rowcount  # type: ignore[attr-defined]
+            if changed:
+                record_replay(session, self.env.identity)
             pending = session.scalar(
                 select(func.count())
                 .select_from(ReplayRow)
@@ -352,6 +393,8 @@ class Pipeline:
                 self.env.sink,
                 RecordsQuarantine(self.db, work.case_id),
                 tail_lines=self.env.settings.output_tail_lines,
+                # One key per triage: a retried report task counts no second occurrence.
+                key=f"{str(work.bundle_id)[:16]}:triage-{work.options.get('triage', work.id)}",
             )
             result.report = ref
             reply = work.options.get("reply_to")
@@ -389,15 +432,17 @@ class Pipeline:
         return self._serial(work_id, self._after_rerun, latest=True)
 
     def telemetry(self, work_id: int) -> str:
-        """A longer run of a failure that did not reproduce: more replays and a longer time limit,
-        with host samples beside each replay."""
-        return self._serial(work_id, self._after_telemetry, longer=True)
+        """A telemetry run (`flaketriage.workers.telemetry`) of a failure that did not reproduce: a
+        policy that looks for rarer flakes, a longer time limit, host and GPU samples and a
+        profile, stored with the run; a failure it reproduces is reported with that evidence."""
+        return self._serial(work_id, self._after_telemetry, telemetry=True)
 
     def _serial(
         self,
         work_id: int,
-        after: Callable[[Session, Work, TriageResult, list[dict[str, Any]]], str],
-        longer: bool = False,
+        after: Callable[[Session, Work, TriageResult, list[Outgoing | None]], str],
+        *,
+        telemetry: bool = False,
         latest: bool = False,
     ) -> str:
         if not claim(self.db, work_id):
@@ -406,32 +451,40 @@ class Pipeline:
             work = self._work(work_id)
             store_url = str(work.store_url)
             manifest = load_manifest(self.env.store(store_url), str(work.bundle_id))
-            policy = self.env.policy(max_replays=self.env.settings.max_replays * (3 if longer else 1))
-            samples: list[dict[str, Any]] = []
-
-            def progress(_: str, done: int, __: int) -> None:
-                samples.append(host_sample(done))
-
+            settings, policy, timeout_s = self.env.settings, self.env.policy(), None
+            if telemetry:
+                policy = telemetry_policy(policy, settings.telemetry_replays_factor)
+                base = manifest.command.timeout_s or settings.replay_timeout_s
+                timeout_s = base * settings.telemetry_timeout_factor
             # Materialized afresh every time: a rerun asks about the code as it is now.
             with (
-                self.env.fresh_replayer(store_url, manifest, latest=latest) as replayer,
+                self.env.fresh_replayer(store_url, manifest, latest=latest, timeout_s=timeout_s) as replayer,
                 Heartbeat(self.db, work_id),
             ):
-                verdict, findings = decide(replayer, policy, progress)
-            result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, findings=findings)
+                if telemetry:
+                    store = self.env.store(store_url, writable=True)
+                    result = TelemetryRun(
+                        store, replayer, policy, interval_s=settings.telemetry_interval_s
+                    ).run()
+                else:
+                    verdict, findings = decide(replayer, policy)
+                    result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, findings=findings)
+            outgoing: list[Outgoing | None] = []
             with self.db.session() as session:
                 row = session.get(Work, work_id)
                 assert row is not None
-                state = after(session, row, result, samples)
+                record_replay(session, self.env.identity, replays=result.verdict.replays)
+                state = after(session, row, result, outgoing)
                 row.status, row.finished_at, row.heartbeat_at = WorkStatus.DONE.value, utc_now(), None
-                row.result = {**result.to_json(), "samples": samples, "state": state}
+                row.result = {**result.to_json(), "state": state}
+            self.env.dispatcher.send(outgoing)
             return state
         except FlaketriageError as exc:
             self._fail(work_id, exc)
             return "failed"
 
     def _after_rerun(
-        self, session: Session, work: Work, result: TriageResult, _: list[dict[str, Any]]
+        self, session: Session, work: Work, result: TriageResult, _: list[Outgoing | None]
     ) -> str:
         fingerprint = str(work.options.get("fingerprint"))
         row = session.get(QuarantineRow, fingerprint)
@@ -442,18 +495,56 @@ class Pipeline:
             case = session.get(Case, work.case_id) if work.case_id else None
             if case is not None:
                 case.status, case.verdict = CaseStatus.FIXED.value, str(Verdict.NOT_REPRODUCED)
+            if self.env.sink is not None:
+                # Inside the transaction: when closing fails, the quarantine stays and the next
+                # rerun lifts it again (closing a closed issue changes nothing).
+                self.env.sink.close(fingerprint, render_lift(result))
             return "fixed: quarantine lifted"
         row.clean_reruns = 0
         return f"still {result.verdict.verdict}"
 
     def _after_telemetry(
-        self, session: Session, work: Work, result: TriageResult, _: list[dict[str, Any]]
+        self, session: Session, work: Work, result: TriageResult, outgoing: list[Outgoing | None]
     ) -> str:
         case = session.get(Case, work.case_id) if work.case_id else None
         if case is not None and result.verdict.reproductions:
             case.verdict = str(result.verdict.verdict)
             case.status = CaseStatus.DECIDED.value
+            case.evidence = result.to_json()
+            # Reported like a triage's verdict, from this run's result (its telemetry included).
+            _, sent = self.env.dispatcher.request(
+                session,
+                key=f"report:telemetry-{work.id}",
+                step=Step.REPORT,
+                queue=Queue.REPORT,
+                case_id=work.case_id,
+                bundle_id=work.bundle_id,
+                store_url=work.store_url,
+                options={"triage": work.id},
+            )
+            outgoing.append(sent)
         return f"{result.verdict.verdict} after {result.verdict.replays} replays"
+
+    def _attribute(self, session: Session, work: Work, manifest: Manifest, result: TriageResult) -> None:
+        """Compare reproductions across the runners the replays ran on (`flaketriage.workers.runners`):
+        a failure that reproduces only on hardware like the original's (or only away from it) becomes
+        ``environment_specific``, and the runners it reproduced on are counted as suspects."""
+        if result.verdict.verdict not in (Verdict.FLAKY, Verdict.DETERMINISTIC, Verdict.NOT_REPRODUCED):
+            return
+        replays = ((r.runner, r.outcome) for r in work.replays)
+        found = attribute_triage(session, manifest, replays, alpha=self.env.settings.alpha)
+        if found is None:
+            return
+        result.attribution = found
+        if found.specific:
+            result.verdict = dataclasses.replace(result.verdict, verdict=Verdict.ENVIRONMENT_SPECIFIC)
+            record_attribution(
+                session,
+                found,
+                manifest,
+                case_id=work.case_id,
+                suspect_after=self.env.settings.runner_suspect_after,
+            )
 
     # -- helpers ------------------------------------------------------------------------------
     def _work(self, work_id: int) -> Work:
@@ -518,6 +609,11 @@ def _lock_work(session: Session, database: Database, work_id: int) -> Work | Non
 def _findings(rows: Any) -> list[Finding]:
     found: dict[str, Finding] = {}
     for row in rows:
+        if row.outcome == Outcome.ENVIRONMENT and row.summary:
+            key = "environment:" + hashlib.sha256(row.summary.encode("utf-8")).hexdigest()[:16]
+            old = found.get(key)
+            count = (old.count if old else 0) + 1
+            found[key] = Finding(fingerprint=key, kind="environment", summary=row.summary[:1000], count=count)
         if row.outcome == Outcome.DIFFERENT and row.fingerprint:
             old = found.get(row.fingerprint)
             found[row.fingerprint] = Finding(
@@ -527,6 +623,17 @@ def _findings(rows: Any) -> list[Finding]:
                 count=(old.count if old else 0) + 1,
             )
     return list(found.values())
+
+
+def _hung(failure: Any) -> bool:
+    return failure is not None and failure.kind == "timeout" and bool(failure.traceback)
+
+
+def _hang(rows: Any) -> str | None:
+    """Where the replays hung, from the rows' summaries: a reproduction's first, else any's."""
+    hung = [r for r in rows if r.summary and r.outcome in (Outcome.REPRODUCED, Outcome.DIFFERENT)]
+    hung = [r for r in hung if r.outcome == Outcome.REPRODUCED] or hung
+    return hung[0].summary if hung and hung[0].fingerprint else None
 
 
 def _summary(failure: Any) -> str | None:
@@ -555,18 +662,15 @@ def _follow(session: Session, leader: Case) -> None:
     )
 
 
-def host_sample(replay: int) -> dict[str, Any]:
-    """Load and memory of this host when a replay starts (a telemetry run's time series)."""
-    sample: dict[str, Any] = {"t": round(time.time(), 3), "replay": replay}
-    with contextlib.suppress(OSError):
-        sample["load1"], sample["load5"], _ = os.getloadavg()
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            info = dict(line.split(":", 1) for line in fh if ":" in line)
-        sample["mem_available_mb"] = int(info["MemAvailable"].split()[0]) // 1024
-    except (OSError, KeyError, ValueError):
-        pass
-    return sample
+def render_lift(result: TriageResult) -> str:
+    """The comment that closes an issue when isolated reruns show the failure fixed."""
+    v = result.verdict
+    return (
+        f"**Fixed**: the quarantine is lifted. Isolated reruns of the branch as it is now no longer "
+        f"reproduce this failure: {evidence_line(v)}\n\n"
+        f"Bundle `{result.bundle_id[:12]}`. flaketriage closes this issue; it is reopened if the "
+        "failure comes back."
+    )
 
 
 def render_comment(result: TriageResult) -> str:
@@ -581,5 +685,5 @@ def render_comment(result: TriageResult) -> str:
     if result.report:
         lines.append(f"Report ({result.report.kind}): {result.report.location}")
     for finding in result.findings:
-        lines.append(f"- different failure ({finding.count}×): {finding.summary}")
+        lines.append(f"- different failure ({finding.count}×): {inert(finding.summary)}")
     return "\n\n".join(lines)

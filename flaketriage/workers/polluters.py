@@ -5,7 +5,8 @@ module global, a file, an environment variable). iDFlakies calls the earlier tes
 failing one its *victim*. The search replays ``pytest P... NODEID`` for subsets P of the tests that
 ran before the victim, in their original order, and reduces them with `SubsetReducer` (culprits by
 binary search over prefixes, ddmin when the victim breaks monotonicity): one polluter among n
-preceding tests costs about log2(n) + 1 replays, where plain ddmin pays more (``bench/polluters.py``). The victim's failure counts only when its own summary
+preceding tests costs about log2(n) + 1 replays, where plain ddmin pays more
+(``bench/polluters.py``). The victim's failure counts only when its own summary
 lines carry the original fingerprint; other tests of the run may fail as they like.
 """
 

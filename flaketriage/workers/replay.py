@@ -11,25 +11,35 @@ triages at once in threads.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flaketriage.child_process import ProcessResult
+from flaketriage.child_process import Limit, ProcessResult
+from flaketriage.errors import ReplayEnvironmentError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.git import Git
+from flaketriage.hangs import HANG_DUMP_ENV
 from flaketriage.manifest import Manifest
 from flaketriage.redaction import MASK
 from flaketriage.replay_env import REPLAY_SETTINGS
-from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S
+from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S, Settings
 from flaketriage.store import Store
+from flaketriage.workers.environments import choose_mode
+from flaketriage.workers.gpus import RunnerGPUs, gpu_difference, runner_gpus
 from flaketriage.workers.interpreter import interpreter_paths
 from flaketriage.workers.materialize import Workspace, materialize
-from flaketriage.workers.sandbox import Sandbox, SandboxSpec
+from flaketriage.workers.sandbox import HostView, Sandbox, SandboxSpec
 from flaketriage.workers.verdict import Outcome
+
+if TYPE_CHECKING:  # imported where used: a replay in the worker's own interpreter needs none of it
+    from flaketriage.workers.bundle_environment import BundleEnvironment
+    from flaketriage.workers.environment_cache import EnvironmentCache
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
 _PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -42,15 +52,25 @@ class ReplayResult:
     outcome: Outcome
     failure: FailureInfo | None
     process: ProcessResult
+    artifacts: Mapping[str, bytes] = field(default_factory=dict)
+    """The files a `Variant` asked for (its ``artifacts``) that the run wrote, by name."""
+    reason: str | None = None
+    """Why nothing ran, for an `Outcome.ENVIRONMENT` (the bundle's environment cannot be had here)."""
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A change to the captured run, for minimization: data subsets and argument values."""
+    """A change to the captured run, for minimization (data subsets and argument values) and for
+    telemetry (a profiler around the command, files it writes read back)."""
 
     data: Mapping[str, Sequence[int]] | None = None
     """data path → indices of the items to keep."""
     argv: Sequence[str] | None = None
+    env: Mapping[str, str] | None = None
+    """Variables set on top of the replay's environment."""
+    artifacts: Sequence[str] = ()
+    """Files (relative to the run's working directory) read back into `ReplayResult.artifacts`
+    before the run's copy of the workspace is removed."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +89,44 @@ class ReplayContext:
     per replay, scratch files); created when missing, and the `Replayer` removes its own directory."""
     git: Git
     """How to run git when materializing a git source."""
+    environment_mode: str = "worker"
+    """``FLAKETRIAGE_ENVIRONMENT`` (`flaketriage.workers.environments.choose_mode`): ``worker`` runs
+    replays in the interpreter the command names on this machine, ``bundle`` in the bundle's
+    recorded environment, ``auto`` in the bundle's when its freeze differs from the worker's."""
+    environment_cache: EnvironmentCache | None = None
+    """Where bundle environments are built and kept; None: a replay that needs one is an
+    `Outcome.ENVIRONMENT`, saying so."""
+    gpus: Callable[[], RunnerGPUs] = field(default=runner_gpus, repr=False)
+    """Reads this runner's GPUs, to compare them with a bundle's (only bundles captured on GPUs)."""
 
     @classmethod
-    def from_process(cls) -> ReplayContext:
+    def from_process(
+        cls, *, environment_mode: str = "worker", environment_cache: EnvironmentCache | None = None
+    ) -> ReplayContext:
         """This process's environment, the system temp directory, and git run in that environment."""
         env = dict(os.environ)
-        return cls(base_env=env, temp_root=Path(tempfile.gettempdir()), git=Git(env=env))
+        return cls(
+            base_env=env,
+            temp_root=Path(tempfile.gettempdir()),
+            git=Git(env=env),
+            environment_mode=environment_mode,
+            environment_cache=environment_cache,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReplayContext:
+        """`from_process`, with the environment mode and cache the settings name
+        (``FLAKETRIAGE_ENVIRONMENT``, ``FLAKETRIAGE_ENVIRONMENT_CACHE_*``)."""
+        from flaketriage.workers.environment_build import EnvironmentBuilder
+        from flaketriage.workers.environment_cache import EnvironmentCache
+
+        env = dict(os.environ)
+        cache = EnvironmentCache(
+            settings.resolved_environment_cache_dir(),
+            max_bytes=settings.environment_cache_max_mb << 20,
+            builder=EnvironmentBuilder(env, timeout_s=settings.environment_build_timeout_s),
+        )
+        return cls.from_process(environment_mode=settings.environment, environment_cache=cache)
 
 
 def _original_roots(manifest: Manifest) -> list[str]:
@@ -131,7 +183,15 @@ class Replayer:
             self._count = 0
             self._moved: list[tuple[str, str]] = []
             self._moved_for: Path | None = None
+            self.bundle_environment: BundleEnvironment | None = None
+            self.environment_error: str | None = None
+            """Why the bundle's environment cannot be had here: every run is `Outcome.ENVIRONMENT`."""
+            self._prepare_environment()
             self._interpreters = self._interpreter_dirs()
+            self.hardware_difference: str | None = (
+                gpu_difference(manifest.hardware, context.gpus()) if manifest.hardware.gpus else None
+            )
+            """``ran on a different GPU: ...`` when this runner's GPUs are not the bundle's."""
         except BaseException:
             self.close()  # a bundle that cannot be materialized leaves nothing behind
             raise
@@ -143,7 +203,35 @@ class Replayer:
         self.close()
 
     def close(self) -> None:
+        bundle_env = getattr(self, "bundle_environment", None)
+        if bundle_env is not None:
+            bundle_env.release()
+            self.bundle_environment = None
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _prepare_environment(self) -> None:
+        """Get the bundle's environment when the mode asks for it and the sandbox does not build
+        its own (Docker builds an image per `EnvironmentKey`)."""
+        cache = self.context.environment_cache
+        mode = choose_mode(self.context.environment_mode, self.manifest, cache.root if cache else None)
+        self._environment_mode = mode
+        if mode != "bundle" or self.sandbox.builds_environments:
+            return
+        from flaketriage.workers.bundle_environment import BundleEnvironment
+        from flaketriage.workers.environments import EnvironmentKey
+
+        try:
+            key = EnvironmentKey.of(self.manifest)
+            if cache is None:
+                raise ReplayEnvironmentError(
+                    "replays here run in the bundle's environment, but no environment cache is set up; "
+                    "set FLAKETRIAGE_ENVIRONMENT_CACHE_DIR, or FLAKETRIAGE_ENVIRONMENT=worker"
+                )
+            self.bundle_environment = BundleEnvironment.prepare(
+                self.manifest, key, cache, self.template, self._tmp / "environment"
+            )
+        except ReplayEnvironmentError as exc:
+            self.environment_error = str(exc)
 
     # -- the run's environment ------------------------------------------------------------------
     def _rewrite(self, value: str, ws: Workspace) -> str:
@@ -182,7 +270,10 @@ class Replayer:
         for name, value in REPLAY_SETTINGS.items():
             env.setdefault(name, value)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH")) if p)
+        env[HANG_DUMP_ENV] = "1"  # the sitecustomize dumps stacks on SIGUSR1 (flaketriage.hangs)
         env["PWD"] = str(ws.cwd)
+        if self.bundle_environment is not None:
+            self.bundle_environment.apply(env, ws)
         return env
 
     def _interpreter_dirs(self) -> list[Path]:
@@ -194,13 +285,16 @@ class Replayer:
         """
         env = self.manifest.command.env
         argv0 = self.manifest.command.argv[0] if self.manifest.command.argv else ""
-        candidates = [p for p in env.get("PATH", "").split(os.pathsep) if p]
-        candidates += [env[v] for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in env]
-        if os.path.isabs(argv0):
-            candidates.append(os.path.dirname(argv0))
-        candidates.append(str(SITECUSTOMIZE_DIR))
-        probe_env = {**self.base_env, **{k: v for k, v in env.items() if MASK not in v}}
-        candidates += [str(p) for p in interpreter_paths(argv0, probe_env, self._tmp)] if argv0 else []
+        if self.bundle_environment is not None:  # the recorded interpreter does not run at all
+            candidates = [*self.bundle_environment.readable(), str(SITECUSTOMIZE_DIR)]
+        else:
+            candidates = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+            candidates += [env[v] for v in ("VIRTUAL_ENV", "CONDA_PREFIX") if v in env]
+            if os.path.isabs(argv0):
+                candidates.append(os.path.dirname(argv0))
+            candidates.append(str(SITECUSTOMIZE_DIR))
+            probe_env = {**self.base_env, **{k: v for k, v in env.items() if MASK not in v}}
+            candidates += [str(p) for p in interpreter_paths(argv0, probe_env, self._tmp)] if argv0 else []
         roots = [Path(r) for r in _original_roots(self.manifest)]
         out: list[Path] = []
         for c in candidates:
@@ -231,27 +325,70 @@ class Replayer:
     # -- one run --------------------------------------------------------------------------------
     def run(self, variant: Variant | None = None) -> ReplayResult:
         """One replay in a private copy of the workspace."""
+        if self.environment_error is not None:
+            return self._no_environment()
         self._count += 1
         ws = self.template.copy(self._tmp / f"run-{self._count}")
         try:
             argv = list(variant.argv) if variant and variant.argv else list(self.manifest.command.argv)
+            if self.bundle_environment is not None:
+                argv = self.bundle_environment.command(argv)
             if variant and variant.data:
                 self._apply_subsets(ws, variant.data)
             spec = SandboxSpec(
                 argv=[self._move_arg(a, ws) for a in argv],
                 workspace=ws.root,
                 cwd=ws.cwd,
-                env=self.environment(ws),
+                env={**self.environment(ws), **(variant.env if variant and variant.env else {})},
                 timeout_s=self.timeout_s,
                 memory_mb=self.memory_mb,
-                hide=[Path(r) for r in _original_roots(self.manifest)],
-                mount_at=self._source_root(),
-                expose=self._interpreters,
+                gpu=bool(self.manifest.hardware.gpus),
+                environment=self.manifest.environment,
+                support=[SITECUSTOMIZE_DIR],
+                host=HostView(
+                    hidden=[Path(r) for r in _original_roots(self.manifest)],
+                    readable=self._interpreters,
+                    original_root=self._source_root(),
+                ),
             )
-            result = self.sandbox.run(spec)
-            return self._classify(result, ws)
+            try:
+                result = self.sandbox.run(spec)
+            except ReplayEnvironmentError as exc:  # a sandbox that builds environments could not
+                self.environment_error = str(exc)
+                return self._no_environment()
+            replay = self._classify(result, ws)
+            if variant and variant.artifacts:
+                replay = dataclasses.replace(replay, artifacts=_read_artifacts(ws.cwd, variant.artifacts))
+            return replay
         finally:
             ws.remove()
+
+    def environment_summary(self) -> dict[str, object]:
+        """The environment replays run in, for a triage result: ``mode`` and, in the bundle's, its
+        key's digest, the Python it was built on, its pinned packages, and whether this replayer
+        built it (and in how long)."""
+        if self.environment_error is not None:
+            return {"mode": "bundle", "error": self.environment_error}
+        if self.bundle_environment is None:
+            if self._environment_mode == "bundle":  # the sandbox builds it (an image per key)
+                return {"mode": "bundle", "sandbox": self.sandbox.name}
+            return {"mode": "worker"}
+        lease = self.bundle_environment.lease
+        built = lease.environment
+        return {
+            "mode": "bundle",
+            "digest": built.key.digest,
+            "python": f"{built.key.implementation} {built.python_version}",
+            "packages": len(built.key.requirements),
+            "local": list(built.key.local),
+            "built": lease.built,
+            "build_s": round(built.build_s, 3) if lease.built else None,
+        }
+
+    def _no_environment(self) -> ReplayResult:
+        reason = self.environment_error or "the bundle's environment cannot be had here"
+        process = ProcessResult(exit_code=0, stdout="", stderr=reason, timed_out=False, duration_s=0.0)
+        return ReplayResult(outcome=Outcome.ENVIRONMENT, failure=None, process=process, reason=reason)
 
     def _apply_subsets(self, ws: Workspace, subsets: Mapping[str, Sequence[int]]) -> None:
         from flaketriage.datasets import write_subset
@@ -276,10 +413,15 @@ class Replayer:
                 criteria=self.manifest.criteria,
                 timed_out=result.timed_out,
                 metrics_dir=ws.cwd,
+                hang=result.hang,
             )
 
         original = self.manifest.failure.fingerprint
         info = fingerprint(result.unwrapped_exit_code)
+        if info is not None and info.kind == "timeout" and self.manifest.failure.signature == "timeout":
+            # A hang captured without its stacks (no dump could be taken, or an older capture) is
+            # matched as a plain timeout; the stacks stay the evidence.
+            info = dataclasses.replace(info, signature="timeout", fingerprint=original)
         unwrapped = result.unwrapped_exit_code != result.exit_code
         if unwrapped and info is not None and info.fingerprint != original:
             # A wrapper's 128 + N is read as signal N, but the program may have exited with that
@@ -287,10 +429,42 @@ class Replayer:
             literal = fingerprint(result.exit_code)
             if literal is not None and literal.fingerprint == original:
                 info = literal
-        if info is None:
-            outcome = Outcome.PASSED
-        elif info.fingerprint == original:
-            outcome = Outcome.REPRODUCED
-        else:
-            outcome = Outcome.DIFFERENT
+        captured_hang = self.manifest.failure.kind == "timeout"
+        outcome = outcome_of(info, original, result.limit, captured_hang=captured_hang)
         return ReplayResult(outcome=outcome, failure=info, process=result)
+
+
+def outcome_of(
+    info: FailureInfo | None, original: str, limit: Limit | None, *, captured_hang: bool = False
+) -> Outcome:
+    """How a replay ended, from its failure (None: it passed) and the sandbox limit it broke.
+
+    A failure that matches the captured one reproduces it, even when a limit ended it (a captured
+    hang that hangs again, a captured OOM kill killed again); any other failure of a run that broke
+    a limit (its time, memory, processes, a network it was denied) is a `sandbox` outcome, never a
+    reproduction and never a new failure of the program's own. The exception: when the captured
+    failure was itself a hang (`captured_hang`), a replay that hangs in another place (its stuck
+    frames differ, `flaketriage.hangs`) is a different failure, another hang.
+    """
+    if info is None:
+        return Outcome.PASSED
+    if info.fingerprint == original:
+        return Outcome.REPRODUCED
+    if limit is not None and not (limit == "timeout" and captured_hang and info.kind == "timeout"):
+        return Outcome.SANDBOX
+    return Outcome.DIFFERENT
+
+
+def _read_artifacts(cwd: Path, names: Sequence[str]) -> dict[str, bytes]:
+    """The files `names` under `cwd` that exist (one that resolves outside `cwd` is skipped)."""
+    found: dict[str, bytes] = {}
+    root = cwd.resolve()
+    for name in names:
+        path = (cwd / name).resolve()
+        if root not in path.parents or not path.is_file():
+            continue
+        try:
+            found[name] = path.read_bytes()
+        except OSError:
+            continue
+    return found

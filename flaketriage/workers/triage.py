@@ -18,6 +18,7 @@ then decides whether there is anything to search; the polluters found must repro
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +30,12 @@ from flaketriage.manifest import Manifest
 from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEOUT_S
 from flaketriage.store import Store
+from flaketriage.workers.attribution import Attribution
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
 from flaketriage.workers.replay import ReplayContext, Replayer
-from flaketriage.workers.report import IssueSink, ReportRef
+from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
 from flaketriage.workers.report.render import render_issue
 from flaketriage.workers.sandbox import Sandbox
 from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy, VerdictResult
@@ -84,6 +86,21 @@ class TriageResult:
     minimize_error: str | None = None
     report: ReportRef | None = None
     polluter_search: PolluterSearch | None = None
+    hang: str | None = None
+    """When replays hung: the stacks dumped from the last one that reproduced the hang (or, when
+    none did, the last that hung), the evidence of where (`flaketriage.hangs`)."""
+    attribution: Attribution | None = None
+    """The replays by runner, when they ran on more than one (the service): what an
+    ``environment_specific`` verdict rests on."""
+    telemetry: dict[str, Any] | None = None
+    """A telemetry run's summary and the store objects of its time series and profile
+    (`flaketriage.workers.telemetry`)."""
+    hardware_difference: str | None = None
+    """``ran on a different GPU: ...`` when the replays ran on GPUs other than the bundle's."""
+    environment: dict[str, Any] | None = None
+    """The environment the replays ran in (`Replayer.environment_summary`): ``mode`` (``bundle`` or
+    ``worker``), and for ``bundle`` its key's ``digest``, ``python``, ``packages``, whether this
+    triage ``built`` it and how long that took (``build_s``)."""
 
     @property
     def polluters(self) -> list[str]:
@@ -108,6 +125,11 @@ class TriageResult:
             "minimal": minimal,
             "minimize_error": self.minimize_error,
             "report": report,
+            "hang": self.hang,
+            "attribution": self.attribution.to_json() if self.attribution else None,
+            "telemetry": self.telemetry,
+            "hardware_difference": self.hardware_difference,
+            "environment": self.environment,
         }
 
     @classmethod
@@ -126,6 +148,12 @@ class TriageResult:
             minimize_error=data["minimize_error"],
             report=None if report["kind"] == "none" else ReportRef.from_json(report),
             polluter_search=PolluterSearch.from_json(search) if search is not None else None,
+            # .get: results recorded before these keys existed read back without them.
+            hang=data.get("hang"),
+            attribution=Attribution.from_json(data["attribution"]) if data.get("attribution") else None,
+            telemetry=data.get("telemetry"),
+            hardware_difference=data.get("hardware_difference"),
+            environment=data.get("environment"),
         )
 
 
@@ -141,6 +169,9 @@ class SequentialReplays:
         self.progress = progress
         self.test = SequentialTest(policy)
         self._findings: dict[str, Finding] = {}
+        self.hang: str | None = None
+        """The stacks of the last replay that reproduced a hang (else of the last that hung)."""
+        self._hang_outcome: Outcome | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -155,7 +186,23 @@ class SequentialReplays:
             result = self.replayer.run()
             if result.outcome is Outcome.DIFFERENT and result.failure is not None:
                 self._note(result.failure)
+            elif result.outcome is Outcome.ENVIRONMENT and result.reason:
+                self._note_environment(result.reason)
+            self._note_hang(result.outcome, result.failure)
             self.test.add(result.outcome)
+
+    def _note_hang(self, outcome: Outcome, failure: FailureInfo | None) -> None:
+        if failure is None or failure.kind != "timeout" or not failure.traceback:
+            return
+        if outcome is Outcome.REPRODUCED or self._hang_outcome is not Outcome.REPRODUCED:
+            self.hang, self._hang_outcome = failure.traceback, outcome
+
+    def _note_environment(self, reason: str) -> None:
+        key = "environment:" + hashlib.sha256(reason.encode("utf-8")).hexdigest()[:16]
+        old = self._findings.get(key)
+        self._findings[key] = Finding(
+            fingerprint=key, kind="environment", summary=reason[:1000], count=(old.count if old else 0) + 1
+        )
 
     def _note(self, f: FailureInfo) -> None:
         old = self._findings.get(f.fingerprint)
@@ -248,7 +295,13 @@ def triage(
             replays.run()
             verdict = replays.test.result()
         result = TriageResult(
-            bundle_id=bundle_id, verdict=verdict, findings=replays.findings, polluter_search=search
+            bundle_id=bundle_id,
+            verdict=verdict,
+            findings=replays.findings,
+            polluter_search=search,
+            hang=replays.hang,
+            hardware_difference=replayer.hardware_difference,
+            environment=replayer.environment_summary(),
         )
         if minimize and should_minimize(manifest, verdict):
             try:
@@ -275,27 +328,24 @@ def report(
     quarantine: QuarantineWriter | None,
     *,
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
+    key: str | None = None,
 ) -> ReportRef | None:
-    """An issue for a deterministic or order-dependent failure, a quarantine entry for a flaky one."""
+    """An issue for a deterministic, order-dependent or environment-specific failure (labelled
+    ``suspected-environment``), a quarantine entry for a flaky one.
+
+    `key` is the report's idempotency key (the triage's identity): reporting the same triage again
+    (a retried task) counts no second occurrence on the issue.
+    """
     v = result.verdict
-    if v.verdict in (Verdict.DETERMINISTIC, Verdict.ORDER_DEPENDENT) and sink is not None:
-        minimal = result.minimized
-        draft = render_issue(
-            store,
-            manifest,
-            result.bundle_id,
-            v,
-            minimal=load_manifest(store, minimal.bundle_id) if minimal else None,
-            minimal_bundle_id=minimal.bundle_id if minimal else None,
-            store_location=store.location,
-            findings=[f"{f.summary} ({f.count}×, fingerprint {f.fingerprint[:12]})" for f in result.findings],
-            polluters=result.polluters,
-            tail_lines=tail_lines,
-        )
-        return sink.upsert(draft)
+    issue_verdicts = (Verdict.DETERMINISTIC, Verdict.ORDER_DEPENDENT, Verdict.ENVIRONMENT_SPECIFIC)
+    if v.verdict in issue_verdicts and sink is not None:
+        return sink.upsert(_draft(store, manifest, result, tail_lines, key))
     if v.verdict is Verdict.FLAKY and quarantine is not None:
-        # A flaky verdict files no issue, but one opened earlier for this failure explains it.
+        # A flaky verdict files no issue, but one opened earlier for this failure explains it: it
+        # gets the flaky evidence and label, and the quarantine entry links it.
         issue = sink.find(manifest.failure.fingerprint) if sink is not None else None
+        if issue is not None and sink is not None:
+            issue = sink.upsert(_draft(store, manifest, result, tail_lines, key))
         return quarantine.add(
             manifest.failure.fingerprint,
             test_id=manifest.failure.test_id,
@@ -306,3 +356,25 @@ def report(
             issue_url=issue.location if issue is not None else None,
         )
     return None
+
+
+def _draft(
+    store: Store, manifest: Manifest, result: TriageResult, tail_lines: int, key: str | None
+) -> IssueDraft:
+    minimal = result.minimized
+    return render_issue(
+        store,
+        manifest,
+        result.bundle_id,
+        result.verdict,
+        minimal=load_manifest(store, minimal.bundle_id) if minimal else None,
+        minimal_bundle_id=minimal.bundle_id if minimal else None,
+        findings=[f"{f.summary} ({f.count}×, fingerprint {f.fingerprint[:12]})" for f in result.findings],
+        polluters=result.polluters,
+        tail_lines=tail_lines,
+        key=key,
+        environment_specific=result.verdict.verdict is Verdict.ENVIRONMENT_SPECIFIC,
+        runners=result.attribution.lines() if result.attribution else (),
+        hang=result.hang,
+        telemetry=result.telemetry,
+    )

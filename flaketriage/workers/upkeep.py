@@ -1,5 +1,6 @@
 """The service's scheduled upkeep (celery beat): isolation reruns of quarantined failures, telemetry
-runs of failures that did not reproduce, and garbage collection of the store.
+runs (`flaketriage.workers.telemetry`, on a GPU runner for a failure captured on GPUs) of failures
+that did not reproduce, and garbage collection of the store.
 
 Each schedules work through the same `Dispatcher` as everything else, keyed by period, so a beat
 that fires twice (or two beats) schedules each rerun once.
@@ -13,13 +14,16 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from flaketriage.bundle import load_manifest
 from flaketriage.dispatch import Outgoing
+from flaketriage.errors import FlaketriageError
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow, Work
+from flaketriage.retention import retained_bundles
 from flaketriage.store import open_store
 from flaketriage.store.gc import collect
 from flaketriage.work import Queue, Step
-from flaketriage.workers.pipeline import WorkerEnv
+from flaketriage.workers.pipeline import WorkerEnv, replay_queue
 from flaketriage.workers.verdict import Verdict
 
 
@@ -75,7 +79,7 @@ class Upkeep:
                     session,
                     key=f"telemetry:{case.id}:g{case.generation}",
                     step=Step.TELEMETRY,
-                    queue=Queue.CPU,
+                    queue=self._queue_of(str(last.store_url), str(last.bundle_id)),
                     case_id=case.id,
                     bundle_id=last.bundle_id,
                     store_url=last.store_url,
@@ -85,26 +89,24 @@ class Upkeep:
         return sum(1 for o in outgoing if o is not None)
 
     def collect_garbage(self) -> dict[str, int]:
-        """Collect the default store: bundles referenced by an open case or a quarantine entry are
-        kept whatever their age."""
+        """Collect the default store: bundles an open case, a quarantine row or the quarantine file
+        references are kept whatever their age (`flaketriage.retention`, as ``flaketriage gc``)."""
         settings = self.env.settings
-        with self.db.session() as session:
-            keep = set(
-                session.scalars(
-                    select(Occurrence.bundle_id)
-                    .join(Case, Case.id == Occurrence.case_id)
-                    .where(Occurrence.bundle_id.is_not(None), Case.status != CaseStatus.FIXED.value)
-                ).all()
-            )
-            for row in session.scalars(select(QuarantineRow)).all():
-                keep.update(QuarantineEntry.model_validate(row.entry).bundles)
         report = collect(
             open_store(settings.store),
-            keep={k for k in keep if k},
+            keep=retained_bundles(settings, self.db),
             older_than=timedelta(days=settings.gc_older_than_days),
             apply=True,
         )
         return {"bundles": len(report.bundles), "objects": len(report.objects)}
+
+    def _queue_of(self, store_url: str, bundle_id: str) -> Queue | str:
+        """Where a bundle's telemetry runs: on a GPU runner when it was captured on one (its GPU
+        samples are the point), else on any."""
+        try:
+            return replay_queue(load_manifest(self.env.store(store_url), bundle_id))
+        except FlaketriageError:
+            return Queue.CPU  # the run itself will say what is wrong with the bundle
 
     def _store_of(self, session: Session, bundle_id: str) -> str:
         found = session.scalars(

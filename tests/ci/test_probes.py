@@ -343,3 +343,48 @@ def test_probes_do_not_raise_when_the_system_refuses(monkeypatch: pytest.MonkeyP
     assert (hw.load_avg, hw.host, hw.cpu_model, hw.memory_total_mb) == ((), None, None, None)
     env = probe_environment()
     assert (env.packages, env.platform) == ((), "unknown")
+
+
+def test_the_sm_count_comes_from_nvml_device_attributes() -> None:
+    # pynvml's nvmlDeviceGetAttributes returns a c_nvmlDeviceAttributes with multiprocessorCount.
+    nvml = _fake_nvml(nvmlDeviceGetAttributes=lambda h: SimpleNamespace(multiprocessorCount=132))
+    found = read_nvml(nvml)
+    assert found is not None
+    assert [g.sm_count for g in found[0]] == [132, 132]
+
+
+def test_a_driver_without_device_attributes_leaves_the_sm_count_unknown() -> None:
+    def not_supported(h: int) -> None:
+        raise FakeNVMLError("Not Supported")
+
+    found = read_nvml(_fake_nvml(nvmlDeviceGetAttributes=not_supported))
+    assert found is not None and [g.sm_count for g in found[0]] == [None, None]
+    # ...and a manifest that does not know it encodes as before, so bundle ids do not change.
+    assert "sm_count" not in found[0][0].model_dump(mode="json")
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_through_nvidia_smi_the_sm_count_comes_from_a_torch_that_initialized_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "csv").write_text(H100_CSV)
+    (tmp_path / "banner").write_text(BANNER_550)
+    _fake_nvidia_smi(
+        tmp_path,
+        f'case "$1" in --query-gpu=*) cat {tmp_path}/csv ;; *) cat {tmp_path}/banner ;; esac\n',
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        device_count=lambda: 2,
+        get_device_properties=lambda i: SimpleNamespace(multi_processor_count=132),
+    )
+    fake_torch = SimpleNamespace(
+        version=SimpleNamespace(cuda="12.4"),
+        backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: 90100)),
+        cuda=cuda,
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert [g.sm_count for g in probe_hardware().gpus] == [132, 132]
+    cuda.is_initialized = lambda: False  # never initialize CUDA for a count
+    assert [g.sm_count for g in probe_hardware().gpus] == [None, None]

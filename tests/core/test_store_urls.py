@@ -94,12 +94,16 @@ def test_bad_locations_are_config_errors(url: str, needles: list[str]) -> None:
         assert needle in str(caught.value)
 
 
-def test_s3_is_a_clear_error_until_its_backend_exists() -> None:
+def test_s3_urls_open_the_s3_backend(s3_url: str) -> None:
     assert store_url("s3://bucket/prefix/") == "s3://bucket/prefix"  # a known scheme
     assert local_path("s3://bucket/prefix") is None
-    with pytest.raises(ConfigError, match=r"s3:// store is not available") as caught:
-        open_store("s3://bucket/prefix")
-    assert "memory://NAME" in str(caught.value) and "s3://" not in str(caught.value).split("; use")[1]
+    store = open_store(s3_url + "/")
+    assert type(store).__name__ == "S3Store" and store.url == s3_url
+    key = store.put_bytes(b"shared").sha256
+    assert open_store(store.url, readonly=True).get_bytes(key) == b"shared"
+    with pytest.raises(ConfigError) as caught:
+        open_store("nope://x")
+    assert "s3://BUCKET/PREFIX" in str(caught.value)  # installed, so offered
 
 
 def test_a_backend_is_imported_only_when_its_scheme_is_opened(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,7 +137,7 @@ def test_a_registered_target_must_be_a_store_class(monkeypatch: pytest.MonkeyPat
         open_store("notastore://x")
 
 
-def test_an_event_store_location_resolves_through_open_store(tmp_path: Path) -> None:
+def test_an_event_store_location_resolves_through_open_store(tmp_path: Path, s3_url: str) -> None:
     local = StoreLocation.parse(tmp_path / "s")
     assert (local.kind, local.location) == ("local", str(tmp_path / "s"))
     assert local.url == (tmp_path / "s").as_uri()
@@ -148,8 +152,9 @@ def test_an_event_store_location_resolves_through_open_store(tmp_path: Path) -> 
 
     s3 = StoreLocation.parse("s3://bucket/ft/")
     assert (s3.kind, s3.location, s3.url) == ("s3", "s3://bucket/ft", "s3://bucket/ft")
-    with pytest.raises(ConfigError, match="not available"):
-        s3.open()
+    key = open_store(s3_url).put_bytes(b"in a bucket").sha256
+    opened_s3 = StoreLocation.parse(s3_url + "/").open()
+    assert opened_s3.readonly and opened_s3.get_bytes(key) == b"in a bucket"
 
 
 def test_an_event_store_location_must_fit_its_kind() -> None:

@@ -323,7 +323,7 @@ def test_a_crash_outranks_a_missing_metrics_file(sandbox: Sandbox) -> None:
 BAD_SETTINGS = {
     "FLAKETRIAGE_MAX_REPLAYS": ("abc", "an integer >= 1"),
     "FLAKETRIAGE_ALPHA": ("2", "a number in (0, 1)"),
-    "FLAKETRIAGE_SANDBOX": ("docker", "one of auto, bwrap, process"),
+    "FLAKETRIAGE_SANDBOX": ("podman", "one of auto, bwrap, process, docker"),
 }
 
 

@@ -373,7 +373,7 @@ def test_verify_names_every_problem_and_separates_usage_errors(sandbox: Sandbox)
     [
         (b"{not json", "is not valid JSON"),
         (
-            b'{"schema_version": 2, "kind": "command"}',
+            b'{"schema_version": 3, "kind": "command"}',
             "is not a valid bundle manifest: command: Field required",
         ),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),

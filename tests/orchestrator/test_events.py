@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from conftest import Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
 
 SECRET = b"events-secret"  # conftest.EVENTS_SECRET
-EMPTY = {"cases": 0, "deliveries": 0, "occurrences": 0, "quarantine": 0, "replays": 0, "work": 0}
+EMPTY = {
+    "cases": 0, "deliveries": 0, "occurrences": 0, "quarantine": 0, "replays": 0, "runners": 0, "work": 0,
+}  # fmt: skip
 
 
 def test_a_signed_event_becomes_a_case_an_occurrence_and_one_triage(

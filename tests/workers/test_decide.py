@@ -88,6 +88,6 @@ def test_max_replays_caps_an_undecided_run(tmp_path: Path) -> None:
 def test_replay_spec_hides_the_original_workspace(tmp_path: Path) -> None:
     _, _, sandbox = _decide(tmp_path, "R")
     spec = sandbox.runs[0]
-    assert str(tmp_path / "proj") in [str(h) for h in spec.hide]
+    assert str(tmp_path / "proj") in [str(h) for h in spec.host.hidden]
     assert spec.cwd != tmp_path / "proj" and (spec.env["PYTHONHASHSEED"]).isdigit()
     assert spec.argv[-1] == "job.py"

@@ -164,6 +164,28 @@ def test_a_deterministic_failure_is_decided_in_batches_minimized_and_reported_on
     assert case.report_url and case.evidence and case.evidence["verdict"] == "deterministic"
 
 
+def test_a_bundle_whose_python_the_runner_lacks_gets_the_environment_verdict(world: World) -> None:
+    from flaketriage.bundle import load_manifest, write_bundle
+    from flaketriage.workers.environment_build import EnvironmentBuilder
+    from flaketriage.workers.environment_cache import EnvironmentCache
+
+    captured = load_manifest(world.store, world.capture(DETERMINISTIC))
+    recorded = captured.environment.model_copy(update={"python": "3.4.10", "packages": ("six==1.16.0",)})
+    bundle = write_bundle(world.store, captured.model_copy(update={"environment": recorded}))
+    cache = EnvironmentCache(world.tmp / "environments", max_bytes=1 << 30, builder=EnvironmentBuilder({}))
+    world.env.context = ReplayContext.from_process(environment_mode="auto", environment_cache=cache)
+    case_id = world.announce(bundle)
+    world.drive()
+    case = world.case(case_id)
+    assert case.verdict == "environment"
+    triage = world.works(case_id)[0]
+    assert triage.result is not None
+    (finding,) = triage.result["findings"]
+    assert finding["kind"] == "environment" and "this runner has no CPython 3.4" in finding["summary"]
+    rows = world.replays(triage.id)
+    assert rows and all(r.outcome == "environment" and r.summary == finding["summary"] for r in rows)
+
+
 def test_tasks_delivered_twice_and_out_of_order_do_no_work_twice(world: World) -> None:
     bundle = world.capture(DETERMINISTIC)
     case_id = world.announce(bundle)
@@ -319,3 +341,22 @@ def test_isolation_reruns_run_the_branch_as_it_is_now_and_lift_the_quarantine_on
         # Lifted by the sequential test: every replay of the fixed branch passed, enough of them.
         assert reruns[-1].result is not None and reruns[-1].result["replays"] >= 59
     assert world.case(case_id).status == "fixed"
+    # The issue is closed through the sink, with the reruns' evidence.
+    issue = world.sink.get(fingerprint)
+    assert issue is not None and issue.state == "closed"
+    assert issue.note is not None and "**Fixed**: the quarantine is lifted" in issue.note
+
+
+def test_garbage_collection_keeps_the_bundles_of_open_cases_and_quarantined_failures(world: World) -> None:
+    from flaketriage.bundle import list_bundles
+    from flaketriage.workers.upkeep import Upkeep
+
+    opened = world.capture(DETERMINISTIC)
+    case_id = world.announce(opened)
+    quarantined = world.capture(DETERMINISTIC, "quarantined")
+    _quarantine(world, case_id, quarantined)
+    loose = world.capture(DETERMINISTIC, "nobody's")
+    world.env.settings = world.env.settings.model_copy(update={"gc_older_than_days": 1e-9})  # all old
+    assert Upkeep(world.env).collect_garbage() == {"bundles": 1, "objects": 0}  # its blobs are young
+    listed = {s.id for s in list_bundles(world.store)}
+    assert listed == {opened, quarantined} and loose not in listed

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -142,7 +144,7 @@ def test_render_has_every_section_with_its_evidence(store: LocalStore) -> None:
         tail_lines=30,
     )
     body = draft.body
-    assert draft.title == "[flaketriage] ZeroDivisionError: division by zero in train.py"
+    assert draft.title == "[flaketriage] train.py: ZeroDivisionError: division by zero (deterministic)"
     assert draft.labels == ("flaketriage", "deterministic")
     assert (draft.fingerprint, draft.verdict) == (FP, "deterministic")
     assert (draft.bundle_id, draft.minimal_bundle_id) == ("1" * 64, "2" * 64)
@@ -233,20 +235,20 @@ def test_render_survives_a_missing_stderr_blob_and_backticks_in_the_traceback(tm
         (
             {"kind": "exit", "exit_code": 3, "exception_type": None, "message": None, "traceback": None},
             ("bash", "ci/train.sh", "--fast"),
-            "[flaketriage] exit 3 in bash ci/train.sh --fast",
+            "[flaketriage] bash ci/train.sh --fast: exit 3",
         ),
         (
             {"kind": "test", "test_id": "tests/test_model.py::test_grad[cuda]",
              "exception_type": "AssertionError", "message": "assert 0.5 < 0.1\n where",
              "traceback": None},
             ("pytest", "tests"),
-            "[flaketriage] AssertionError: assert 0.5 < 0.1 in tests/test_model.py::test_grad[cuda]",
+            "[flaketriage] tests/test_model.py::test_grad[cuda]: AssertionError: assert 0.5 < 0.1",
         ),
         (
             {"kind": "signal", "signal": "SIGSEGV", "exception_type": None, "message": None,
              "traceback": None},
             ("python", "train.py"),
-            "[flaketriage] killed by SIGSEGV in python train.py",
+            "[flaketriage] python train.py: killed by SIGSEGV",
         ),
     ],
 )  # fmt: skip
@@ -259,12 +261,12 @@ def test_title_names_the_test_or_command_when_there_is_no_python_frame(
     assert issue_title(manifest) == expected
 
 
-def test_title_is_clipped_to_120_characters_keeping_where(store: LocalStore) -> None:
+def test_title_is_clipped_to_120_characters_keeping_where_and_verdict(store: LocalStore) -> None:
     manifest = issue_manifest(store, message="shapes do not match: " + "x" * 300)
-    title = issue_title(manifest)
+    title = issue_title(manifest, "deterministic")
     assert len(title) <= 120
-    assert title.startswith("[flaketriage] ZeroDivisionError: shapes do not match: xxx")
-    assert title.endswith("… in train.py")
+    assert title.startswith("[flaketriage] train.py: ZeroDivisionError: shapes do not match: xxx")
+    assert title.endswith("x… (deterministic)")
 
 
 # -- sinks ----------------------------------------------------------------------------------------
@@ -413,3 +415,134 @@ def test_the_stderr_tail_has_the_configured_length(store: LocalStore) -> None:
     default = render_issue(store, manifest, "1" * 64, deterministic()).body
     assert f"Last {DEFAULT_OUTPUT_TAIL_LINES} lines of stderr" in default
     assert "stderr line 0\n" in default  # all 100 lines fit in the default tail
+
+
+# -- idempotency keys and closing, in every sink ----------------------------------------------------
+def test_an_upsert_with_a_key_already_counted_changes_nothing(sink: IssueSink) -> None:
+    keyed = replace(draft("a" * 64), key="triage-1")
+    assert sink.upsert(keyed).created
+    again = sink.upsert(replace(keyed, body="**Verdict: flaky**\n\nretried\n"))
+    assert not again.created
+    record = sink.get(FP)
+    assert record is not None and record.occurrences == 1 and record.keys == ("triage-1",)
+    assert "retried" not in record.body
+    sink.upsert(replace(draft("b" * 64), key="triage-2"))
+    sink.upsert(replace(draft("b" * 64), key="triage-2"))
+    record = sink.get(FP)
+    assert record is not None and record.occurrences == 2 and record.keys == ("triage-1", "triage-2")
+
+
+def test_closing_marks_the_issue_closed_once_and_a_recurrence_reopens_it(sink: IssueSink) -> None:
+    assert sink.close(FP, "Fixed") is None  # nothing to close
+    sink.upsert(draft("a" * 64))
+    closed = sink.close(FP, "**Fixed**: the quarantine is lifted.\n\nmore detail")
+    assert closed is not None and not closed.created
+    record = sink.get(FP)
+    assert record is not None and record.state == "closed"
+    assert record.note == "Closed 2024-05-01 14:00 UTC: **Fixed**: the quarantine is lifted."
+    assert sink.close(FP, "again") == closed
+    record = sink.get(FP)
+    assert record is not None and record.note and record.note.startswith("Closed 2024-05-01 14:00")
+    sink.upsert(draft("b" * 64))
+    record = sink.get(FP)
+    assert record is not None and record.state == "open" and record.occurrences == 2
+    assert record.note == "Reopened 2024-05-01 15:00 UTC: the failure came back after the issue was closed."
+
+
+def test_a_closed_markdown_issue_says_so_and_parses_back(tmp_path: Path) -> None:
+    sink = MarkdownIssueSink(tmp_path, clock=Clock())
+    sink.upsert(draft("a" * 64))
+    sink.close(FP, "Fixed by the isolated reruns")
+    text = (tmp_path / f"{FP[:16]}.md").read_text()
+    assert "> **Closed 2024-05-01 14:00 UTC: Fixed by the isolated reruns**" in text
+    assert f"<!-- flaketriage-fingerprint: {FP} -->" in text
+    assert IssueRecord.parse(text, "x").state == "closed"
+
+
+# -- the reproduction's data in the issue -----------------------------------------------------------
+def _with_data(store: Store, manifest: Manifest, *inputs: tuple[str, bytes, str]) -> Manifest:
+    data = tuple(
+        DataInput(path=path, format=fmt, items=raw.count(b"\n"), blob=store.put_bytes(raw))  # type: ignore[arg-type]
+        for path, raw, fmt in inputs
+    )
+    return manifest.model_copy(
+        update={
+            "data": data,
+            "minimization": Minimization(data={p: (raw.count(b"\n"), 1000) for p, raw, _ in inputs}),
+        }
+    )
+
+
+def test_small_minimal_data_is_inline_and_large_data_is_an_excerpt_and_a_key(store: LocalStore) -> None:
+    manifest = issue_manifest(store)
+    big = b"id,x\n" + b"".join(b"%d,%d\n" % (i, i * i) for i in range(5000))
+    minimal = _with_data(
+        store,
+        manifest,
+        ("data/train.csv", b"id,x\n17,nan\n", "csv"),
+        ("data/events.jsonl", b'{"id": 1, "note": "``` @octocat"}\n', "jsonl"),
+        ("data/big.csv", big, "csv"),
+    )
+    body = render_issue(
+        store, manifest, "1" * 64, deterministic(), minimal=minimal, minimal_bundle_id="2" * 64
+    ).body
+    assert "## Minimal data" in body
+    assert "- `data/train.csv` (csv, 2 rows, 12 bytes):\n\n```csv\nid,x\n17,nan\n```" in body
+    assert '````json\n{"id": 1, "note": "``` @octocat"}\n````' in body  # a fence its content cannot close
+    big_ref = minimal.data[2].blob
+    assert big_ref is not None
+    assert (
+        f"- `data/big.csv` (csv, 5001 rows, {len(big) / 1024:.1f} KB): store key `{big_ref.sha256}`" in body
+    )
+    assert "The first " in body and "0,0\n1,1\n2,4\n" in body and "4999,24990001" not in body
+    assert f"`flaketriage bundle pull {'2' * 64} --from {store.location}` copies them all" in body
+    inline = body[body.index("## Minimal data") : body.index("## Bundle")]
+    assert len(inline.encode()) < 6000  # a few KB, whatever the data's size
+
+
+def test_data_of_an_s3_store_is_linked_by_presigned_urls(s3_url: str, tmp_path: Path) -> None:
+    import httpx
+    import zstandard
+
+    from flaketriage.store.s3 import S3Store
+
+    store = S3Store.from_url(s3_url)
+    manifest = issue_manifest(store)
+    big = b"id,x\n" + b"".join(b"%d,%d\n" % (i, i * i) for i in range(3000))
+    minimal = _with_data(store, manifest, ("data/big.csv", big, "csv"))
+    body = render_issue(
+        store,
+        manifest,
+        "1" * 64,
+        deterministic(),
+        minimal=minimal,
+        minimal_bundle_id="2" * 64,
+        now=lambda: datetime(2025, 1, 1, tzinfo=UTC),
+    ).body
+    match = re.search(
+        r"\[download\]\((http://127\.0\.0\.1:\d+/[^)]+)\) \(link valid until 2025-01-01 01:00 UTC\)", body
+    )
+    assert match is not None, body
+    assert "X-Amz-Signature=" in match.group(1)
+    stored = httpx.get(match.group(1), timeout=10, trust_env=False).content
+    assert (
+        stored[:1] == b"\x01" and zstandard.ZstdDecompressor().decompressobj().decompress(stored[1:]) == big
+    )
+    assert "tail -c +2 FILE" in body
+    # The commands fetch the bundle from S3 first.
+    assert f"flaketriage bundle pull {'2' * 64} --from {s3_url}" in body
+    assert f"flaketriage bundle export {'2' * 64} repro && (cd repro && bash run.sh)" in body
+
+
+def test_captured_text_is_inert_markdown(store: LocalStore) -> None:
+    hostile = "@octocat <img src=x> [x](javascript:alert(1)) | pipe `tick` \\[esc"
+    manifest = issue_manifest(store, message=hostile, detail=hostile)
+    draft_ = render_issue(store, manifest, "1" * 64, deterministic(), findings=[hostile])
+    body = draft_.body
+    assert (
+        "| Message | @&#8203;octocat &lt;img src=x&gt; \\[x\\](javascript:alert(1)) "
+        "\\| pipe \\`tick\\` \\\\\\[esc |" in body
+    )
+    assert "- @&#8203;octocat &lt;img src=x&gt;" in body
+    assert "@octocat" not in draft_.title or "@\u200boctocat" in draft_.title
+    assert draft_.evidence.startswith("**deterministic**: reproduced in 5 of 5 replays")

@@ -184,7 +184,9 @@ def test_culprits_cost_close_to_the_information_bound_every_time(k: int, budget:
         culprits = set(rng.sample(range(n), k))
         asked: list[frozenset[int]] = []
 
-        def predicate(subset: Sequence[int], culprits: set[int] = culprits) -> bool:
+        def predicate(
+            subset: Sequence[int], culprits: set[int] = culprits, asked: list[frozenset[int]] = asked
+        ) -> bool:
             asked.append(frozenset(subset))
             return culprits <= set(subset)
 

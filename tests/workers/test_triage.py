@@ -175,6 +175,12 @@ triage_results = st.builds(
     minimize_error=st.none() | texts,
     report=st.none() | report_refs,
     polluter_search=st.none() | polluter_searches,
+    hardware_difference=st.none() | texts,
+    environment=st.none()
+    | st.fixed_dictionaries({"mode": st.just("worker")})
+    | st.fixed_dictionaries(
+        {"mode": st.just("bundle"), "digest": texts, "built": st.booleans(), "build_s": st.just(1.5)}
+    ),
 )
 
 
@@ -223,8 +229,9 @@ def test_triage_json_has_the_documented_shape() -> None:
     data = result.to_json()
     assert list(data) == [
         "bundle", "verdict", "decided", "replays", "failures", "passes", "different_failures",
-        "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "polluter_search", "minimal_bundle", "minimal",
-        "minimize_error", "report",
+        "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "polluter_search",
+        "minimal_bundle", "minimal", "minimize_error", "report", "hang", "attribution", "telemetry",
+        "hardware_difference", "environment",
     ]  # fmt: skip
     assert data["minimal_bundle"] == "c" * 64
     assert data["minimal"] == {

@@ -1,9 +1,10 @@
 """The `IssueSink` base: one issue per failure fingerprint, created once and updated on recurrence.
 
 An issue's document is the rendered draft plus a header and an "Occurrences" list, with its
-bookkeeping (occurrences, bundles, dates) kept as JSON in an HTML comment at the top: invisible on
-GitHub and in rendered Markdown, parsed back on every update, so any backend that stores text can
-keep one issue per fingerprint without a database.
+bookkeeping (occurrences, bundles, dates, the idempotency keys already counted, open or closed)
+kept as JSON in an HTML comment at the top, followed by a one-line fingerprint marker a tracker's
+search can find: invisible on GitHub and in rendered Markdown, parsed back on every update, so any
+backend that stores text can keep one issue per fingerprint without a database.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ _META_TAG = "flaketriage-issue"
 _META_RE = re.compile(r"<!--\s*" + _META_TAG + r"\s+(\{.*?\})\s*-->", re.DOTALL)
 _FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
 META_VERSION = 1
+MARKER_TAG = "flaketriage-fingerprint"
+MAX_KEYS = 50
+"""Idempotency keys an issue remembers, newest last: a retried report comes back within minutes,
+so the latest fifty are plenty, and the metadata comment stays small."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,18 @@ class IssueDraft:
     bundle_id: str
     minimal_bundle_id: str | None
     verdict: str
+    key: str | None = None
+    """Idempotency key (the triage that reported it): a second upsert with a key the issue already
+    counted changes nothing, so a retried report task never counts an occurrence twice. None: every
+    upsert counts."""
+    evidence: str = ""
+    """One paragraph (Markdown) with the verdict and its numbers: what a tracker comments when the
+    failure comes again."""
+
+
+def marker(fingerprint: str) -> str:
+    """The text of the hidden marker an issue body carries, which a tracker's search finds."""
+    return f"{MARKER_TAG}: {fingerprint}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +103,12 @@ class IssueRecord:
     created_at: datetime
     updated_at: datetime
     extra: dict[str, Any] = field(default_factory=dict)
-    """Metadata keys written by a newer flaketriage, carried through unchanged."""
+    """Metadata keys written by a newer flaketriage (or kept by one backend), carried through unchanged."""
+    keys: tuple[str, ...] = ()
+    """The idempotency keys of the latest upserts (at most `MAX_KEYS`), oldest first."""
+    state: Literal["open", "closed"] = "open"
+    note: str | None = None
+    """A line shown under the header: why it was closed, or that it was reopened."""
 
     @classmethod
     def new(cls, draft: IssueDraft, now: datetime) -> IssueRecord:
@@ -102,7 +124,12 @@ class IssueRecord:
             bundles=(draft.bundle_id,),
             created_at=now,
             updated_at=now,
+            keys=(draft.key,) if draft.key else (),
         )
+
+    def counted(self, draft: IssueDraft) -> bool:
+        """Whether this draft's upsert already happened (its idempotency key is recorded)."""
+        return draft.key is not None and draft.key in self.keys
 
     def recur(self, draft: IssueDraft, now: datetime) -> IssueRecord:
         """This issue after the same failure came again: fresh evidence, history kept."""
@@ -111,7 +138,10 @@ class IssueRecord:
                 f"cannot update the issue for fingerprint {self.fingerprint} with a draft for "
                 f"{draft.fingerprint}; each fingerprint has its own issue"
             )
+        if self.counted(draft):
+            return self
         bundles = self.bundles if draft.bundle_id in self.bundles else (*self.bundles, draft.bundle_id)
+        reopened = self.state == "closed"
         return replace(
             self,
             title=draft.title,
@@ -123,7 +153,18 @@ class IssueRecord:
             occurrences=self.occurrences + 1,
             bundles=bundles,
             updated_at=now,
+            keys=(*self.keys, draft.key)[-MAX_KEYS:] if draft.key else self.keys,
+            state="open",
+            note=f"Reopened {_stamp(now)}: the failure came back after the issue was closed."
+            if reopened
+            else None,
         )
+
+    def closed(self, comment: str, now: datetime) -> IssueRecord:
+        """This issue closed with `comment` (its first line is kept as the note)."""
+        line = " ".join(next((ln for ln in comment.splitlines() if ln.strip()), "").split())
+        line = line if len(line) <= 300 else line[:299] + "…"
+        return replace(self, state="closed", note=f"Closed {_stamp(now)}: {line}".rstrip(": "))
 
     # -- the text form ------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
@@ -140,6 +181,9 @@ class IssueRecord:
             "bundles": list(self.bundles),
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
+            "keys": list(self.keys),
+            "state": self.state,
+            "note": self.note,
         }
 
     def body_text(self) -> str:
@@ -152,10 +196,12 @@ class IssueRecord:
             f"> First seen {_stamp(self.created_at)} · last seen {_stamp(self.updated_at)} · "
             f"seen {self.occurrences} {times} · labels: {', '.join(f'`{lb}`' for lb in self.labels)}"
         )
+        if self.note:
+            header += f"\n>\n> **{self.note}**"
         occurrences = "\n".join(f"{i}. `{b}`" for i, b in enumerate(self.bundles, 1))
         return (
-            f"<!-- {_META_TAG} {meta} -->\n{header}\n\n{self.body.rstrip()}\n\n"
-            f"## Occurrences\n\n{occurrences}\n"
+            f"<!-- {_META_TAG} {meta} -->\n<!-- {marker(self.fingerprint)} -->\n{header}\n\n"
+            f"{self.body.rstrip()}\n\n## Occurrences\n\n{occurrences}\n"
         )
 
     @classmethod
@@ -187,12 +233,16 @@ class IssueRecord:
             raise ValueError(f"metadata version {meta['version']} is newer than {META_VERSION}")
         known = {
             "version", "fingerprint", "title", "labels", "verdict", "bundle_id", "minimal_bundle_id",
-            "occurrences", "bundles", "created_at", "updated_at",
+            "occurrences", "bundles", "created_at", "updated_at", "keys", "state", "note",
         }  # fmt: skip
         occurrences = meta["occurrences"]
         if not isinstance(occurrences, int) or occurrences < 1:
             raise ValueError(f"occurrences must be a positive integer, got {occurrences!r}")
         bundles = tuple(str(b) for b in meta["bundles"])
+        state = meta.get("state", "open")
+        if state not in ("open", "closed"):
+            raise ValueError(f"state must be open or closed, got {state!r}")
+        note = meta.get("note")
         return cls(
             fingerprint=str(meta["fingerprint"]),
             title=str(meta.get("title", "")),
@@ -206,6 +256,9 @@ class IssueRecord:
             created_at=_parse_time(meta["created_at"]),
             updated_at=_parse_time(meta["updated_at"]),
             extra={k: v for k, v in meta.items() if k not in known},
+            keys=tuple(str(k) for k in meta.get("keys", ())),
+            state=state,
+            note=None if note is None else str(note),
         )
 
 
@@ -272,3 +325,14 @@ class IssueSink(ABC):
     @abstractmethod
     def get(self, fingerprint: str) -> IssueRecord | None:
         """The issue for this fingerprint as the sink keeps it, or None."""
+
+    def check(self) -> None:
+        """Fail now (a `ReportError`) when this sink cannot take issues, before hours of replays
+        end in a report that cannot be written. Files check nothing: they fail when written."""
+        return None
+
+    @abstractmethod
+    def close(self, fingerprint: str, comment: str) -> ReportRef | None:
+        """Close the issue for this fingerprint with `comment` (Markdown: why, with the evidence),
+        as when its quarantine is lifted; None when there is no issue. Closing a closed issue
+        changes nothing; a later upsert of the same fingerprint reopens it."""

@@ -29,7 +29,8 @@ LOCK_NAME = ".flaketriage-issues.lock"
 def _write_text(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it, and rename it over `path`."""
     try:
-        atomic.write_atomic(path, text.encode("utf-8"))
+        # A name captured as bytes that are not UTF-8 is shown as its escape (\udcfe), not lost.
+        atomic.write_atomic(path, text.encode("utf-8", "backslashreplace"))
     except OSError as exc:
         raise ReportError(
             f"cannot write {path} ({exc.strerror or exc}); make {path.parent} writable and check free space"
@@ -59,10 +60,28 @@ class MarkdownIssueSink(IssueSink):
             ) from exc
         with report_lock(self.directory / LOCK_NAME):
             existing = self._read(path, draft.fingerprint)
+            if existing is not None and existing.counted(draft):
+                return ReportRef(kind="markdown", location=str(path), created=False)  # a retry
             now = self._clock()
             record = IssueRecord.new(draft, now) if existing is None else existing.recur(draft, now)
-            _write_text(path, f"# {record.title}\n\n{record.body_text()}")
+            self._write(path, record)
         return ReportRef(kind="markdown", location=str(path), created=existing is None)
+
+    def close(self, fingerprint: str, comment: str) -> ReportRef | None:
+        path = self.path_for(fingerprint)
+        if not path.is_file():
+            return None
+        with report_lock(self.directory / LOCK_NAME):
+            record = self._read(path, fingerprint)
+            if record is None:
+                return None
+            if record.state != "closed":
+                self._write(path, record.closed(comment, self._clock()))
+        return ReportRef(kind="markdown", location=str(path), created=False)
+
+    @staticmethod
+    def _write(path: Path, record: IssueRecord) -> None:
+        _write_text(path, f"# {record.title}\n\n{record.body_text()}")
 
     def find(self, fingerprint: str) -> ReportRef | None:
         path = self.path_for(fingerprint)

@@ -39,6 +39,16 @@ class MemoryIssueSink(IssueSink):
             self.issues[fingerprint] = record
         return ReportRef(kind="memory", location=self.location_for(fingerprint), created=existing is None)
 
+    def close(self, fingerprint: str, comment: str) -> ReportRef | None:
+        fingerprint = check_fingerprint(fingerprint)
+        with self._lock:
+            record = self.issues.get(fingerprint)
+            if record is None:
+                return None
+            if record.state != "closed":
+                self.issues[fingerprint] = record.closed(comment, self._clock())
+        return ReportRef(kind="memory", location=self.location_for(fingerprint), created=False)
+
     def find(self, fingerprint: str) -> ReportRef | None:
         if check_fingerprint(fingerprint) not in self.issues:
             return None

@@ -1,8 +1,13 @@
 """Render a triaged failure as an issue draft: title, labels and a Markdown body with the evidence.
 
 The body is written for the person who has to fix the failure: the verdict and its numbers first,
-then the failure, where it ran, the source, the smallest reproduction found and the commands to run
-it. Sections are plain Markdown so every sink (files, GitHub) shows them the same way.
+then the failure, where it ran, the source, the smallest reproduction found, its data itself (inline
+when small, else links or store keys) and the commands to run it. Sections are plain Markdown so
+every sink (files, GitHub) shows them the same way.
+
+Captured text (messages, paths, output) is hostile until shown otherwise: it goes into code spans
+and fences that its own backticks cannot close, or is escaped (HTML, links, table pipes), and an
+``@`` in it never mentions anyone.
 """
 
 from __future__ import annotations
@@ -10,22 +15,37 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
+from typing import Any
 
 from flaketriage.bundle import describe_failure
 from flaketriage.errors import FlaketriageError
-from flaketriage.manifest import Manifest
+from flaketriage.manifest import DataInput, Manifest
 from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
+from flaketriage.store.registry import local_path
 from flaketriage.workers.report.base import IssueDraft
+from flaketriage.workers.samplers import summary_lines
 from flaketriage.workers.verdict import VerdictResult
 
 TITLE_PREFIX = "[flaketriage] "
 MAX_TITLE = 120
 MAX_TRACEBACK_LINES = 80
 ENVIRONMENT_LABEL = "suspected-environment"
+INLINE_DATA_BYTES = 4096
+"""How much of the reproduction's data an issue shows inline (all inputs together): a few KB, the
+size of a minimized CSV or JSONL, small beside GitHub's 65,536-character body."""
+EXCERPT_SOURCE_BYTES = 1 << 20
+"""A larger input gets no excerpt (only its link or key): the excerpt is read whole and verified."""
+LINK_EXPIRY_S = 7 * 86400
+"""How long presigned links in an issue work when the store names no expiry of its own: seven days,
+the longest S3 signs for (an `S3Store` uses ``FLAKETRIAGE_S3_PRESIGN_EXPIRY_S``)."""
+MAX_CELL = 300
+MAX_LINE = 1000
+MAX_NAMES = 50
 
 # Packages that most often explain a numeric or GPU failure, in the order the table lists them.
 KEY_PACKAGES = (
@@ -39,6 +59,8 @@ _VERDICT_MEANING = {
     "not_reproduced": "did not reproduce on replay",
     "different_failure": "replays fail, but not the way the original run did",
     "order_dependent": "passes alone and fails only after certain other tests ran first in the same process",
+    "environment_specific": "reproduces on some runners and never on others: on the one it was captured on "
+    "(or hardware like it), or only away from it",
 }
 _ITEM_UNITS = {"csv": "rows", "jsonl": "lines", "npy": "entries", "dir": "files"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -59,43 +81,59 @@ def render_issue(
     environment_specific: bool = False,
     polluters: Sequence[str] = (),
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
+    key: str | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    runners: Sequence[str] = (),
+    hang: str | None = None,
+    telemetry: Mapping[str, Any] | None = None,
 ) -> IssueDraft:
     """The issue for `manifest`'s failure after triage; logs are read from `store`.
 
-    `store_location` is where people fetch the bundle from (default: ``store.location``);
+    `store_location` is where people fetch the bundle from (default: a local store's path, else its URL);
     `findings` are extra observations (e.g. different failures seen during replay);
     `environment_specific` marks a failure that reproduces only on the original runner or hardware;
     `polluters` are the earlier tests an order-dependent test fails after; `tail_lines`
-    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how many of the last lines of stderr the issue shows.
+    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how many of the last lines of stderr the issue shows;
+    `key` is the draft's idempotency key (the triage that reports it); `now` dates presigned links;
+    `runners` says what the replays did on each runner (`Attribution.lines`); `hang` is the stacks
+    dumped from a replay that hung; `telemetry` a telemetry run's summary (`TelemetryRun`).
     """
     kind = str(verdict.verdict)
     labels = ["flaketriage", kind]
     if environment_specific:
         labels.append(ENVIRONMENT_LABEL)
+    location = store_location or _address(store)
     sections = [
-        _summary(manifest, bundle_id, verdict, environment_specific),
+        _summary(manifest, bundle_id, verdict, environment_specific, runners),
         _order(manifest, polluters),
         _failure(store, manifest, tail_lines),
+        _replay_hang(hang, manifest),
         _findings(findings),
+        _telemetry(telemetry),
         _environment(manifest),
         _source(manifest),
         _reproduction(bundle_id, minimal, minimal_bundle_id),
-        _fetch(bundle_id, minimal_bundle_id, store_location or store.location),
+        _artifacts(store, minimal or manifest, minimal_bundle_id or bundle_id, location, now),
+        _fetch(bundle_id, minimal_bundle_id, location),
     ]
     return IssueDraft(
         fingerprint=manifest.failure.fingerprint,
-        title=issue_title(manifest),
+        title=issue_title(manifest, kind),
         body="\n\n".join(s for s in sections if s) + "\n",
         labels=tuple(labels),
         bundle_id=bundle_id,
         minimal_bundle_id=minimal_bundle_id,
         verdict=kind,
+        key=key,
+        evidence=evidence_line(verdict),
     )
 
 
 # -- title ----------------------------------------------------------------------------------------
-def issue_title(manifest: Manifest) -> str:
-    """``[flaketriage] <what failed> in <where>``, at most 120 characters."""
+def issue_title(manifest: Manifest, verdict: str | None = None) -> str:
+    """``[flaketriage] <test or job>: <what failed> (<verdict>)``, at most 120 characters; an ``@``
+    in it mentions no one. The test is its node id, the job the file of the innermost frame of the
+    user's code, else the command."""
     f = manifest.failure
     what = _one_line(describe_failure(manifest))
     if f.test_id:
@@ -104,10 +142,11 @@ def issue_title(manifest: Manifest) -> str:
         where = PurePosixPath(frame.replace("\\", "/")).name
     else:
         where = shell_join(manifest.command.argv)
-    room = MAX_TITLE - len(TITLE_PREFIX)
+    suffix = f" ({verdict})" if verdict else ""
+    room = MAX_TITLE - len(TITLE_PREFIX) - len(suffix)
     where = _clip(_one_line(where), max(20, room // 2))
-    suffix = f" in {where}" if where else ""
-    return TITLE_PREFIX + _clip(what, room - len(suffix)) + suffix
+    head = f"{where}: " if where else ""
+    return _unmention(TITLE_PREFIX + head + _clip(what, room - len(head)) + suffix, "\u200b")
 
 
 def _user_frame(traceback: str | None) -> str | None:
@@ -126,12 +165,25 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 1)].rstrip() + "…"
 
 
+_MENTION_RE = re.compile(r"@(?=[A-Za-z0-9_])")
+
+
+def _unmention(text: str, breaker: str = "&#8203;") -> str:
+    """`text` with a zero-width space after every ``@`` that could start a mention or team name."""
+    return _MENTION_RE.sub("@" + breaker, text)
+
+
 # -- sections -------------------------------------------------------------------------------------
 def _percent(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def _summary(manifest: Manifest, bundle_id: str, verdict: VerdictResult, environment_specific: bool) -> str:
+def evidence_line(verdict: VerdictResult) -> str:
+    """The verdict and its numbers in one Markdown line: what a tracker comments on a recurrence."""
+    return f"**{verdict.verdict}**: {_counts(verdict, polluters='the polluters named in the issue')}."
+
+
+def _counts(verdict: VerdictResult, polluters: str = "the polluters below") -> str:
     kind = str(verdict.verdict)
     others = []
     if verdict.passes:
@@ -149,18 +201,34 @@ def _summary(manifest: Manifest, bundle_id: str, verdict: VerdictResult, environ
     )
     if kind == "order_dependent":
         counts = f"run alone, it {counts}"
-        decided = "the polluters below make it fail on every confirmation run"
+        decided = f"{polluters} make it fail on every confirmation run"
+    return (
+        f"{counts}; reproduction rate {_percent(rate.estimate)} "
+        f"(95% interval {_percent(rate.low)}–{_percent(rate.high)}); {decided}"
+    )
+
+
+def _summary(
+    manifest: Manifest,
+    bundle_id: str,
+    verdict: VerdictResult,
+    environment_specific: bool,
+    runners: Sequence[str] = (),
+) -> str:
+    kind = str(verdict.verdict)
     lines = [
         f"**Verdict: {kind}**: this failure {_VERDICT_MEANING.get(kind, kind)}.",
         "",
-        f"Evidence: {counts}; reproduction rate {_percent(rate.estimate)} "
-        f"(95% interval {_percent(rate.low)}–{_percent(rate.high)}); {decided}.",
+        f"Evidence: {_counts(verdict)}.",
     ]
     if environment_specific:
         lines += [
             "",
-            "**Suspected environment-specific**: it reproduces only on the original runner or hardware.",
+            "**Suspected environment-specific**: it reproduces only on the original runner or hardware"
+            " (or only away from it): look at the machines, drivers and GPUs before the code.",
         ]
+    if runners:
+        lines += ["", "Replays by runner:", "", *(f"- {inert(_clip(line, MAX_LINE))}" for line in runners)]
     f = manifest.failure
     lines += [
         "",
@@ -175,12 +243,12 @@ def _order(manifest: Manifest, polluters: Sequence[str]) -> str:
     if not polluters:
         return ""
     victim = manifest.failure.test_id or "the test"
-    listed = "\n".join(f"- `{p}`" for p in polluters)
+    listed = "\n".join(f"- {_code(p)}" for p in polluters)
     return "\n".join(
         [
             "## Order dependence",
             "",
-            f"`{victim}` passes when it runs alone and fails after these tests ran first in the same "
+            f"{_code(victim)} passes when it runs alone and fails after these tests ran first in the same "
             "process (they leave state behind: a module global, a file, an environment variable):",
             "",
             listed,
@@ -200,14 +268,17 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
     rows += [("Command", shell_join(manifest.command.argv))]
     parts = ["## Failure", "", markdown_table(rows)]
     if f.traceback:
-        lines = f.traceback.rstrip().splitlines()
+        lines = [_clip_line(line) for line in f.traceback.rstrip().splitlines()]
         if len(lines) > MAX_TRACEBACK_LINES:
             dropped = len(lines) - MAX_TRACEBACK_LINES
             lines = [
                 f"... ({dropped} earlier lines left out; the bundle has them all)",
                 *lines[-MAX_TRACEBACK_LINES:],
             ]
-        parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]
+        if f.kind == "timeout":  # the stacks dumped before it was killed (flaketriage.hangs)
+            parts += ["", "Where it hung:", "", _fence("\n".join(lines), "text")]
+        else:
+            parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]
     tail = _stderr_tail(store, manifest, tail_lines)
     if tail:
         parts += [
@@ -230,14 +301,29 @@ def _stderr_tail(store: Store, manifest: Manifest, tail_lines: int) -> str | Non
     except FlaketriageError as exc:
         # The issue is still worth filing without the log; say why it is missing.
         return f"_The stderr log could not be read: {exc}_"
-    lines = text.rstrip().splitlines()[-tail_lines:]
+    lines = [_clip_line(line) for line in text.rstrip().splitlines()[-tail_lines:]]
     return _fence("\n".join(lines), "text") if lines else None
+
+
+def _replay_hang(hang: str | None, manifest: Manifest) -> str | None:
+    if not hang or hang == manifest.failure.traceback:
+        return None
+    lines = [_clip_line(line) for line in hang.rstrip().splitlines()][-MAX_TRACEBACK_LINES:]
+    return "\n".join(["## Where the replays hung", "", _fence("\n".join(lines), "text")])
+
+
+def _telemetry(telemetry: Mapping[str, Any] | None) -> str | None:
+    if not telemetry:
+        return None
+    shown = (inert(_clip(line, MAX_LINE)) for line in summary_lines(telemetry))
+    return "\n".join(["## Telemetry run", "", *(f"- {line}" for line in shown)])
 
 
 def _findings(findings: Sequence[str]) -> str | None:
     if not findings:
         return None
-    return "\n".join(["## Other findings", "", *(f"- {_one_line(item) or item}" for item in findings)])
+    shown = (inert(_clip(_one_line(item), MAX_LINE)) for item in findings)
+    return "\n".join(["## Other findings", "", *(f"- {item}" for item in shown)])
 
 
 def _environment(manifest: Manifest) -> str:
@@ -274,7 +360,9 @@ def environment_rows(manifest: Manifest) -> list[tuple[str, str | None]]:
             ci += f" on {prov.runner}"
         rows.append(("CI", ci))
     if prov.run_url:
-        rows.append(("CI run", f"[{prov.run_url}]({prov.run_url})"))
+        url = prov.run_url
+        safe = re.fullmatch(r"https?://[^\s()<>\[\]`\\]+", url) is not None
+        rows.append(("CI run", Markdown(f"[{url}]({url})") if safe else url))
     return rows
 
 
@@ -348,10 +436,10 @@ def _minimization(minimal: Manifest) -> list[str]:
     units = {d.path: _ITEM_UNITS.get(d.format, "items") for d in minimal.data}
     lines = ["Minimization kept only what the failure needs:", ""]
     for path, (kept, of) in sorted(m.data.items()):
-        lines.append(f"- `{path}`: kept {kept} of {of} {units.get(path, 'items')}")
+        lines.append(f"- {_code(path)}: kept {kept} of {of} {units.get(path, 'items')}")
     for flag, (before, after) in sorted(m.args.items()):
-        lines.append(f"- `{flag}`: `{before}` → `{after}`")
-    lines += ["", f"Minimized command: `{shell_join(minimal.command.argv)}`"]
+        lines.append(f"- {_code(flag)}: {_code(before)} → {_code(after)}")
+    lines += ["", f"Minimized command: {_code(shell_join(minimal.command.argv))}"]
     if m.oracle_calls:
         lines[-1] += f" (found in {m.oracle_calls} replays)"
     return lines
@@ -359,18 +447,157 @@ def _minimization(minimal: Manifest) -> list[str]:
 
 def _fetch(bundle_id: str, minimal_bundle_id: str | None, location: str) -> str:
     ids = f"`{bundle_id}`" + (f" (minimized: `{minimal_bundle_id}`)" if minimal_bundle_id else "")
+    repro_id = minimal_bundle_id or bundle_id
+    commands = [f"export FLAKETRIAGE_STORE={shlex.quote(location)}", f"flaketriage bundle show {bundle_id}"]
+    if not _is_local(location):
+        commands = [
+            "# copy the reproduction into the local store (./.flaketriage), then run it there",
+            f"flaketriage bundle pull {repro_id} --from {shlex.quote(location)}",
+            f"flaketriage bundle export {repro_id} repro && (cd repro && bash run.sh)",
+            "# or look at the bundle where it is",
+            *commands,
+        ]
     return "\n".join(
         [
             "## Bundle",
             "",
-            f"The bundle {ids} is in the store at `{location}`. Where that store is reachable:",
+            f"The bundle {ids} is in the store at {_code(location)}. Where that store is reachable:",
             "",
-            _fence(
-                f"export FLAKETRIAGE_STORE={shlex.quote(location)}\nflaketriage bundle show {bundle_id}",
-                "bash",
-            ),
+            _fence("\n".join(commands), "bash"),
         ]
     )
+
+
+def _address(store: Store) -> str:
+    """What commands name the store by: a local store's path, any other's URL (``s3://b/p``)."""
+    return store.location if _is_local(store.url) else store.url
+
+
+def _is_local(location: str) -> bool:
+    try:
+        return local_path(location) is not None
+    except FlaketriageError:
+        return False
+
+
+# -- the reproduction's data ----------------------------------------------------------------------
+_LANGS = {"csv": "csv", "jsonl": "json"}
+
+
+def _artifacts(
+    store: Store, manifest: Manifest, bundle_id: str, location: str, now: Callable[[], datetime]
+) -> str | None:
+    """The reproduction's data itself: inline when it is small text, else an excerpt plus a link
+    (a presigned URL when the store signs them) or the store key, and the kept file names."""
+    if not manifest.data:
+        return None
+    links = _Links(store, location, now)
+    budget = [INLINE_DATA_BYTES]
+    heading = "## Minimal data" if manifest.minimization else "## Data"
+    parts = [heading, "", f"What the reproduction (bundle `{bundle_id}`) reads, as it is in the bundle:"]
+    for data in manifest.data:
+        parts += ["", *_data_input(store, data, links, budget)]
+    if links.keyed:
+        parts += [
+            "",
+            f"The objects named by key are in the store at {_code(location)}; "
+            f"`flaketriage bundle pull {bundle_id} --from {location}` copies them all, "
+            f"`flaketriage bundle export {bundle_id} repro` writes them out as files.",
+        ]
+    if links.linked:
+        parts += [
+            "",
+            "A link downloads the object as the store keeps it: one tag byte, then the bytes (tag "
+            "`00`) or their zstd compression (tag `01`): `tail -c +2 FILE`, piped to `zstd -d` for `01`.",
+        ]
+    return "\n".join(parts)
+
+
+def _data_input(store: Store, data: DataInput, links: _Links, budget: list[int]) -> list[str]:
+    unit = _ITEM_UNITS.get(data.format, "items")
+    if data.format == "dir":
+        shown = data.files[:MAX_NAMES]
+        lines = [f"- {_code(str(data.path))}: a directory of {len(data.files)} {unit}:"]
+        lines += [f"  - {_code(str(f.path))} ({_size(f.size)}): {links.line(f.sha256)}" for f in shown]
+        if len(data.files) > len(shown):
+            lines.append(f"  - and {len(data.files) - len(shown)} more (the bundle lists them all)")
+        return lines
+    blob = data.blob
+    if blob is None:
+        return [f"- {_code(str(data.path))} ({data.format}): no content recorded"]
+    head = f"- {_code(str(data.path))} ({data.format}, {data.items} {unit}, {_size(blob.size)})"
+    lang = _LANGS.get(data.format)
+    text = _text_of(store, blob.sha256, blob.size) if lang and blob.size <= EXCERPT_SOURCE_BYTES else None
+    if text is not None and len(text.encode()) <= budget[0]:
+        budget[0] -= len(text.encode())
+        return [head + ":", "", _fence(text.rstrip("\n"), lang or "")]
+    lines = [head + f": {links.line(blob.sha256)}"]
+    if text is not None and budget[0] > 200:
+        excerpt, count = _excerpt(text, budget[0])
+        budget[0] -= len(excerpt.encode())
+        total = text.count("\n") + (0 if text.endswith("\n") else 1)
+        lines += ["", f"  The first {count} of its {total} lines:", "", _fence(excerpt, lang or "")]
+    return lines
+
+
+def _text_of(store: Store, key: str, size: int) -> str | None:
+    """The blob as text, or None when it is not UTF-8 text (or cannot be read)."""
+    try:
+        raw = store.get_bytes(key, max_size=size)
+        text = raw.decode("utf-8")
+    except (FlaketriageError, UnicodeDecodeError):
+        return None
+    return None if "\x00" in text else text
+
+
+def _excerpt(text: str, limit: int) -> tuple[str, int]:
+    """The first whole lines of `text` within `limit` bytes (at least one, clipped), and how many."""
+    lines: list[str] = []
+    used = 0
+    for line in text.splitlines():
+        line = _clip_line(line)
+        cost = len(line.encode()) + 1
+        if lines and used + cost > limit:
+            break
+        lines.append(line)
+        used += cost
+    return "\n".join(lines), len(lines)
+
+
+class _Links:
+    """Where people download an object: a presigned link when the store signs them (S3), else its key."""
+
+    def __init__(self, store: Store, location: str, now: Callable[[], datetime]) -> None:
+        # Duck-typed, so this module never imports a backend (store/s3.py needs boto3).
+        sign: Any = getattr(store, "presigned_url", None)
+        self._sign = sign if callable(sign) else None
+        expiry = getattr(store, "presign_expiry_s", None)  # FLAKETRIAGE_S3_PRESIGN_EXPIRY_S
+        self._expiry = int(expiry) if isinstance(expiry, int | float) and expiry > 0 else LINK_EXPIRY_S
+        self._until = now() + timedelta(seconds=self._expiry)
+        self.keyed = self.linked = False
+
+    def line(self, key: str) -> str:
+        if self._sign is not None:
+            try:
+                url = str(self._sign(key, self._expiry))
+            except (FlaketriageError, OSError, ValueError):
+                url = ""  # no link this time: the key below still finds it
+            if re.fullmatch(r"https?://[^\s()<>\[\]`\\]+", url):
+                self.linked = True
+                return f"[download]({url}) (link valid until {self._until.strftime('%Y-%m-%d %H:%M UTC')})"
+        self.keyed = True
+        return f"store key `{key}`"
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    scaled = n / 1024
+    for unit in ("KB", "MB"):
+        if scaled < 1024:
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
+    return f"{scaled:.1f} GB"
 
 
 # -- Markdown pieces ------------------------------------------------------------------------------
@@ -387,10 +614,40 @@ def _inline_or_block(text: str) -> str:
     return f"`{text}`"
 
 
+def _code(text: str) -> str:
+    """A code span that survives backticks inside `text` (on one line)."""
+    text = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+_PLAIN_ESCAPES = {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`"}
+_PLAIN_RE = re.compile("|".join(re.escape(c) for c in _PLAIN_ESCAPES))
+
+
+def inert(text: str) -> str:
+    """Captured text as inert Markdown: no HTML, links, images or code spans, and no mentions."""
+    return _unmention(_PLAIN_RE.sub(lambda m: _PLAIN_ESCAPES[m.group(0)], text))
+
+
+def _clip_line(line: str) -> str:
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{line[:MAX_LINE]}… ({len(line) - MAX_LINE} more characters; the bundle has them all)"
+
+
+class Markdown(str):
+    """A table value that is Markdown already (a link flaketriage built), shown as it is."""
+
+
 def _cell(key: str, value: str) -> str:
-    value = " ".join(value.split())
+    if isinstance(value, Markdown):
+        return value.replace("|", "\\|")
+    value = _clip(" ".join(value.split()), MAX_CELL)
     # Code (commands, names) goes in a code span, so Markdown leaves its characters alone.
-    value = f"`{value}`" if key in _CODE_ROWS and "`" not in value else value.replace("<", "&lt;")
+    value = _code(value) if key in _CODE_ROWS else inert(value)
     return value.replace("|", "\\|")
 
 

@@ -4,6 +4,12 @@ Put on PYTHONPATH by the replay. When the program imports torch, this turns on d
 algorithms and cuDNN determinism before the program runs any kernel. Importing torch here would
 cost every replay a second, so a finder waits for the program's own import instead. Any other
 ``sitecustomize`` further down the path still runs.
+
+With ``FLAKETRIAGE_HANG_DUMP=1`` (replays, and captures with a time limit) SIGUSR1 makes
+faulthandler write every thread's stack to stderr: what a run that hangs is asked for before it is
+killed (`flaketriage.hangs`). With ``FLAKETRIAGE_TORCH_PROFILE=PATH`` (a telemetry run's profiled
+replay) the torch profiler runs from the program's ``import torch`` to its exit and writes a Chrome
+trace to PATH.
 """
 
 import os
@@ -23,6 +29,47 @@ def _make_torch_deterministic(torch):  # type: ignore[no-untyped-def]
         sys.stderr.write(f"flaketriage: could not enable torch determinism: {exc}\n")
 
 
+def _start_torch_profile(torch, path):  # type: ignore[no-untyped-def]
+    try:
+        import atexit
+
+        from torch import profiler
+
+        activities = [profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(profiler.ProfilerActivity.CUDA)
+        prof = profiler.profile(activities=activities)
+        prof.__enter__()
+    except Exception as exc:
+        sys.stderr.write(f"flaketriage: could not start the torch profiler: {exc}\n")
+        return
+
+    def stop():  # type: ignore[no-untyped-def]
+        try:
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(path)
+        except Exception as exc:
+            sys.stderr.write(f"flaketriage: could not write the torch profile: {exc}\n")
+
+    atexit.register(stop)
+
+
+# Resolved now, in the directory the run starts in: the program may change directory before it
+# imports torch.
+_TORCH_PROFILE = (
+    os.path.abspath(os.environ["FLAKETRIAGE_TORCH_PROFILE"])
+    if os.environ.get("FLAKETRIAGE_TORCH_PROFILE")
+    else None
+)
+
+
+def _on_torch(torch):  # type: ignore[no-untyped-def]
+    if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1":
+        _make_torch_deterministic(torch)
+    if _TORCH_PROFILE:
+        _start_torch_profile(torch, _TORCH_PROFILE)
+
+
 class _TorchWatcher:
     """A meta path finder (duck-typed) that sees the program's own ``import torch``."""
 
@@ -40,7 +87,7 @@ class _TorchWatcher:
 
         def exec_module(module):  # type: ignore[no-untyped-def]
             original_exec(module)
-            _make_torch_deterministic(module)
+            _on_torch(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -57,11 +104,27 @@ def _chain_next_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-# flaketriage.replay_env.DETERMINISTIC_ENV: this runs inside the replayed program, where flaketriage
-# may not be importable, so the name is written out.
-if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1":
+def _register_hang_dump() -> None:
+    # _signal and faulthandler are built in: the `signal` module (and its enums) would cost every
+    # replay's start-up more than everything else here.
+    import _signal
+    import faulthandler
+
+    if sys.stderr is None:
+        return
+    try:  # noqa: SIM105 (contextlib is not imported at start-up)
+        faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):
+        pass  # no SIGUSR1 here, or stderr is not a file: the run is killed without a dump
+
+
+# flaketriage.replay_env.DETERMINISTIC_ENV and flaketriage.hangs.HANG_DUMP_ENV: this runs inside the
+# replayed program, where flaketriage may not be importable, so the names are written out.
+if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1" or _TORCH_PROFILE:
     if "torch" in sys.modules:
-        _make_torch_deterministic(sys.modules["torch"])
+        _on_torch(sys.modules["torch"])
     else:
         sys.meta_path.insert(0, _TorchWatcher())
+if os.environ.get("FLAKETRIAGE_HANG_DUMP") == "1":
+    _register_hang_dump()
 _chain_next_sitecustomize()

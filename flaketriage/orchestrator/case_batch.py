@@ -1,0 +1,270 @@
+"""The cases one batch of deliveries reads and writes, in a few statements whatever the batch holds.
+
+`CaseBatch.load` reads every case the batch sights in one statement (locked on PostgreSQL), and
+what the intake's rules may read besides: the storm leaders those cases follow, and per cause the
+first case outside the batch that leads a storm. The rules then change the rows in memory. A case
+the batch creates has no id until it is written: it gets a provisional one (negative, in the order
+the batch first sights the new cases), and `create_new` inserts it once, as the rules left it, its
+real id following the same order. `write_back` adds the occurrences and updates what changed.
+
+The rules see what a query would see had every change so far been written: the batch's own rows as
+they are in memory, the others as read (no other writer changes them meanwhile: the batch's are
+locked, and a storm candidate outside it is only read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, func, insert, select, update
+
+from flaketriage.records import Case, CaseStatus, Occurrence
+
+_STATE = (
+    Case.id,
+    Case.fingerprint,
+    Case.cause_key,
+    Case.status,
+    Case.error,
+    Case.generation,
+    Case.storm_of,
+    Case.last_triage_at,
+    Case.occurrences,
+    Case.last_seen,
+)
+"""The columns of a case the rules read; all but the first three may change."""
+
+
+@dataclass(eq=False)
+class CaseRow:
+    """A case as one batch sees it. Its id is provisional (negative) until `CaseBatch.create_new`."""
+
+    id: int
+    fingerprint: str
+    cause_key: str | None
+    status: str
+    error: str | None
+    generation: int
+    storm_of: int | None
+    last_triage_at: datetime | None
+    occurrences: int
+    last_seen: datetime
+    stored: dict[str, Any] | None = field(default=None, repr=False)
+    """`changes()` as the database holds them; None while the case is not written yet."""
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> CaseRow:
+        """The case in `row`, a row of the `_STATE` columns, as stored."""
+        case = cls(*row)
+        case.stored = case.changes()
+        return case
+
+    def changes(self) -> dict[str, Any]:
+        """The columns that may change, with the id as `_WRITE_BACK` takes them."""
+        return {
+            "case_id": self.id,
+            "status": self.status,
+            "error": self.error,
+            "generation": self.generation,
+            "storm_of": self.storm_of,
+            "last_triage_at": self.last_triage_at,
+            "occurrences": self.occurrences,
+            "last_seen": self.last_seen,
+        }
+
+
+# Built once: building and compiling a statement anew costs more than running it.
+_LOCK_CASES = (
+    select(*_STATE)
+    .where(Case.fingerprint.in_(bindparam("fingerprints", expanding=True)))
+    .order_by(Case.id)
+    .with_for_update()  # SQLite has no row locks: BEGIN IMMEDIATE keeps other writers out already
+)
+_READ_CASES = select(*_STATE).where(Case.id.in_(bindparam("ids", expanding=True)))
+_FIRST_LEADERS = select(*_STATE).where(
+    Case.id.in_(
+        select(func.min(Case.id))
+        .where(
+            Case.cause_key.in_(bindparam("causes", expanding=True)),
+            Case.id.not_in(bindparam("batch", expanding=True)),
+            Case.storm_of.is_(None),
+            Case.last_triage_at >= bindparam("since"),
+        )
+        .group_by(Case.cause_key)
+        .scalar_subquery()
+    )
+)
+"""Per cause, the first case outside the batch that leads a storm since ``since``."""
+_CREATE_CASES = insert(Case).returning(Case.id, sort_by_parameter_order=True)
+# One multi-row INSERT (SQLAlchemy's "insertmanyvalues", which RETURNING asks for) rather than one
+# execution per row: each execution is a few more calls into libpq that let go of the GIL, and
+# every one of those waits to get it back from the busy event loop.
+_ADD_OCCURRENCES = insert(Occurrence).returning(Occurrence.id)
+_WRITE_BACK = update(Case).where(Case.id == bindparam("case_id"))
+"""Executed with `CaseRow.changes` of each changed case: the keys but the id are the SET clause."""
+
+
+@dataclass(frozen=True)
+class NewCase:
+    """What a case is created with, from the first sighting of its failure."""
+
+    fingerprint: str
+    cause_key: str | None
+    kind: str
+    title: str
+    test_id: str | None
+    job: str | None
+    repository: str | None
+
+
+@dataclass
+class CaseBatch:
+    """Every case one batch sights (by fingerprint), and the others the rules may read."""
+
+    now: datetime
+    sighted: dict[str, CaseRow]
+    """By fingerprint, in the order they were first sighted."""
+    by_id: dict[int, CaseRow]
+    """The sighted cases and the others the rules may read (leaders), by id (provisional or not)."""
+    new: dict[int, NewCase]
+    """What the cases to create are created with, by provisional id, in the order of those ids."""
+    outside_leaders: dict[str, CaseRow] = field(default_factory=dict)
+    """Per cause, the first case outside the batch that leads a storm now (if any)."""
+    by_cause: dict[str, list[CaseRow]] = field(default_factory=dict)
+    """The sighted cases by cause, existing ones by id, then the new ones: the order of their ids."""
+    occurrences: list[tuple[CaseRow, dict[str, Any]]] = field(default_factory=list)
+
+    @classmethod
+    def load(
+        cls, conn: Connection, first: Mapping[str, NewCase], now: datetime, storm_window: timedelta
+    ) -> CaseBatch:
+        """The cases of the failures in `first` (what each is created with, if new), locked; with
+        the leaders they follow, and the storm candidates outside the batch within `storm_window`."""
+        found: dict[str, CaseRow] = {}
+        if first:
+            rows = conn.execute(_LOCK_CASES, {"fingerprints": sorted(first)})
+            found = {row.fingerprint: CaseRow.of(row) for row in rows}
+        new: dict[int, NewCase] = {}
+        sighted: dict[str, CaseRow] = {}
+        for fingerprint, made in first.items():
+            case = found.get(fingerprint)
+            if case is None:
+                case = _provisional(-1 - len(new), made, now)
+                new[case.id] = made
+            sighted[fingerprint] = case
+        batch = cls(now=now, sighted=sighted, by_id={c.id: c for c in sighted.values()}, new=new)
+        batch._load_leaders(conn, storm_window)
+        return batch
+
+    def _load_leaders(self, conn: Connection, storm_window: timedelta) -> None:
+        followed = {c.storm_of for c in self.sighted.values() if c.storm_of is not None} - self.by_id.keys()
+        if followed:
+            for row in conn.execute(_READ_CASES, {"ids": sorted(followed)}):
+                self.by_id[row.id] = CaseRow.of(row)
+        if storm_window <= timedelta(0):
+            return
+        for case in sorted(self.sighted.values(), key=_id_order):
+            if case.cause_key is not None:
+                self.by_cause.setdefault(case.cause_key, []).append(case)
+        if not self.by_cause:
+            return
+        candidates = {
+            "causes": sorted(self.by_cause),
+            "batch": sorted(c.id for c in self.sighted.values() if c.id > 0),
+            "since": self.now - storm_window,
+        }
+        for row in conn.execute(_FIRST_LEADERS, candidates):
+            leader = self.by_id.setdefault(row.id, CaseRow.of(row))
+            self.outside_leaders[str(leader.cause_key)] = leader
+
+    def is_new(self, case: CaseRow) -> bool:
+        """Whether `case` is created by this batch (and not written yet)."""
+        return case.stored is None
+
+    def storm_leader(self, case: CaseRow, window: timedelta) -> CaseRow | None:
+        """The first case (by id) of `case`'s cause triaged within `window` that follows no other."""
+        assert case.cause_key is not None
+        since = self.now - window
+        leader = self.outside_leaders.get(case.cause_key)
+        for other in self.by_cause.get(case.cause_key, ()):
+            if leader is not None and _id_order(other) > _id_order(leader):
+                break
+            if (
+                other is not case
+                and other.storm_of is None
+                and other.last_triage_at is not None
+                and other.last_triage_at >= since
+            ):
+                return other
+        return leader
+
+    def add_occurrence(self, case: CaseRow, row: dict[str, Any]) -> None:
+        """An occurrence of `case` to insert (its ``case_id`` is filled in then)."""
+        self.occurrences.append((case, row))
+
+    def create_new(self, conn: Connection) -> None:
+        """Insert the cases this batch creates, as the rules left them, in one statement; every
+        provisional id becomes the real one. A new case following a leader the batch also creates
+        is inserted without it (no id to name yet) and points to it in `write_back`."""
+        if not self.new:
+            return
+        cases = [self.by_id[provisional] for provisional in self.new]
+        rows = []
+        for case, made in zip(cases, self.new.values(), strict=True):
+            case.stored = case.changes() | {"storm_of": case.storm_of if (case.storm_of or 0) > 0 else None}
+            rows.append(
+                {
+                    "fingerprint": made.fingerprint,
+                    "cause_key": made.cause_key,
+                    "kind": made.kind,
+                    "title": made.title,
+                    "test_id": made.test_id,
+                    "job": made.job,
+                    "repository": made.repository,
+                    "first_seen": self.now,
+                }
+                | {k: v for k, v in case.stored.items() if k != "case_id"}
+            )
+        ids = conn.execute(_CREATE_CASES, rows).scalars().all()
+        real = dict(zip(self.new, ids, strict=True))
+        for case in cases:
+            case.id = real[case.id]
+            assert case.stored is not None
+            case.stored["case_id"] = case.id
+        for case in self.by_id.values():
+            if case.storm_of is not None and case.storm_of < 0:
+                case.storm_of = real[case.storm_of]
+        self.by_id = {case.id: case for case in self.by_id.values()}
+        self.new = {}
+
+    def write_back(self, conn: Connection) -> None:
+        """Insert the occurrences and update the cases that changed since read or created."""
+        if self.occurrences:
+            conn.execute(_ADD_OCCURRENCES, [row | {"case_id": case.id} for case, row in self.occurrences])
+        changed = [c.changes() for c in self.sighted.values() if c.changes() != c.stored]
+        if changed:
+            conn.execute(_WRITE_BACK, changed)
+
+
+def _provisional(provisional_id: int, made: NewCase, now: datetime) -> CaseRow:
+    return CaseRow(
+        id=provisional_id,
+        fingerprint=made.fingerprint,
+        cause_key=made.cause_key,
+        status=CaseStatus.OPEN.value,
+        error=None,
+        generation=0,
+        storm_of=None,
+        last_triage_at=None,
+        occurrences=0,
+        last_seen=now,
+    )
+
+
+def _id_order(case: CaseRow) -> tuple[bool, int]:
+    """Where `case` sorts by id: existing cases by id, then the new ones in the order of their
+    provisional ids (real ones will be larger than any id read, and follow that order)."""
+    return (case.id < 0, abs(case.id))
