@@ -245,7 +245,7 @@ def report(
         times_more = (per_param.median - 1) / floor if floor > 0 else math.inf
         less = (
             f"guard below the noise floor {floor:.1%}; "
-            f"per-parameter {per_param.median - 1:+.1%} = {times_more:.0f}x that floor"
+            f"per-parameter {per_param.median - 1:+.1%} = {times_more:.1f}x that floor"
         )
     else:
         times_more = (per_param.median - 1) / (guard.median - 1)
@@ -261,7 +261,7 @@ def report(
         ),
         check(
             f"{work.name}: less overhead than per-parameter [{less}]",
-            f"{times_more:.0f}x",
+            f"{times_more:.1f}x",
             ">=",
             "10x",
             times_more >= 10,

@@ -133,7 +133,8 @@ def main() -> int:
         )
         if basis
         else check(
-            f"--flaketriage overhead not measurable here: A/A noise wall ±{noise:.1%}, CPU ±{cpu_noise:.1%}",
+            f"--flaketriage overhead not measurable here (A/A noise: wall ±{noise:.1%}, CPU "
+            f"±{cpu_noise:.1%}): the smaller noise",
             f"±{min(noise, cpu_noise):.1%}",
             "<=",
             f"±{margin:.0%}",

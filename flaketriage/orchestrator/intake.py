@@ -138,9 +138,13 @@ class _Triage:
     sighting: Sighting
     options: dict[str, Any]
 
+    @property
+    def work_key(self) -> str:
+        return f"triage:{self.case.id}:{self.key}"
+
     def request(self) -> WorkRequest:
         return WorkRequest(
-            key=f"triage:{self.case.id}:{self.key}",
+            key=self.work_key,
             step=Step.TRIAGE,
             queue=Queue.CPU,
             case_id=self.case.id,
@@ -187,6 +191,13 @@ class Intake:
         """Record deliveries in one transaction (in order, as if one after another) and send their
         work once it commits. `RecordsError`: nothing was recorded; `BrokerError`: all was recorded,
         and the sweep sends the work when the broker is back."""
+        results, outgoing = self.commit_batch(items)
+        self.dispatcher.send(outgoing)
+        return results
+
+    def commit_batch(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing]]:
+        """`record_batch` but for the sending: the results, and the tasks to send (`Dispatcher.send`)
+        before anyone is told the deliveries were accepted."""
         prepared = [
             (
                 source,
@@ -206,8 +217,7 @@ class Intake:
                 # (the next attempt adds to it). Either way, trying again sees what that one wrote.
                 if not isinstance(exc.__cause__, IntegrityError) or attempt == _ATTEMPTS:
                     raise
-        self.dispatcher.send(outgoing)
-        return results
+        return results, outgoing
 
     def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing]]:
         """One transaction of a few statements, whatever the batch holds: the rules run on the rows
@@ -264,7 +274,7 @@ class Intake:
         for delivery in deliveries:
             works: list[int] = []
             for triage in delivery.triages:
-                sent = created.pop(f"triage:{triage.case.id}:{triage.key}", None)
+                sent = created.pop(triage.work_key, None)
                 if sent is None:
                     continue
                 works.append(sent.order.work_id)

@@ -93,15 +93,6 @@ class KnownFile:
     held no secret, so it was stored as it is; None when that is not known."""
 
 
-def read_stamped(path: Path) -> tuple[bytes, FileStamp | None]:
-    """A file's bytes, with its stamp when the file did not change while it was read (else None)."""
-    with open(path, "rb") as fh:
-        stamp = FileStamp.of(path, fh.fileno())
-        data = fh.read()
-        after = FileStamp.of(path, fh.fileno())
-    return data, stamp if after == stamp else None
-
-
 _Row = tuple[int, int, int, int, int, str, int, str | None]
 """device, inode, size, mtime_ns, ctime_ns, sha256, binary, clean_under"""
 

@@ -331,18 +331,16 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
 
 
 def test_flaky_test_is_quarantined_and_then_does_not_fail_the_build(
-    pytester: pytest.Pytester, store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, store_dir: Path
 ) -> None:
-    # Fails on odd runs: the capture, then every other replay.
-    monkeypatch.setenv("FLAKY_COUNTER", str(tmp_path / "counter"))
+    # Fails on odd runs: every run outside a replay, and every other replay. Replays share no
+    # state (each runs in a private copy named run-1, run-2, ...), so the copy's name counts them.
     pytester.makepyfile(
         test_flaky="""
-import os
 from pathlib import Path
 def test_sometimes():
-    path = Path(os.environ["FLAKY_COUNTER"])
-    n = int(path.read_text()) + 1 if path.exists() else 1
-    path.write_text(str(n))
+    copies = [p for p in Path.cwd().parts if p.startswith("run-")]
+    n = int(copies[-1][4:]) + 1 if copies else 1
     assert n % 2 == 0, f"odd run {n}"
 def test_steady():
     pass
@@ -355,7 +353,6 @@ def test_steady():
     assert result.verdict.verdict is Verdict.FLAKY
     assert result.polluters == [] and result.to_json()["polluters"] == []
     assert quarantine.is_quarantined("test_flaky.py::test_sometimes")
-    (tmp_path / "counter").write_text("0")  # the next run is odd: it fails
     again = run(pytester, store_dir)
     assert again.ret == 0, again.stdout.str()
     again.stdout.fnmatch_lines(
