@@ -17,6 +17,7 @@ to tell). Exits 1 on a miss, or when the plugin wrote anything on a passing run.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import statistics
@@ -78,7 +79,7 @@ def main() -> int:
         root = Path(tmp)
         write_suite(root, args.tests)
         runs = interleave(
-            {name: (lambda extra=extra: run_once(root, extra, env)) for name, extra in flags.items()},
+            {name: functools.partial(run_once, root, extra, env) for name, extra in flags.items()},
             rounds,
         )
         stored = list((root / ".flaketriage").glob("*")) if (root / ".flaketriage").exists() else []
