@@ -173,14 +173,33 @@ def installed_packages() -> tuple[str, ...]:
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         with contextlib.suppress(Exception):  # one broken METADATA must not lose the others
-            name = dist.metadata["Name"]
+            name, version = _name_and_version(dist)
             if name:
-                seen.setdefault(normalize_name(name), _freeze_line(dist, name))
+                seen.setdefault(normalize_name(name), _freeze_line(dist, name, version))
     return tuple(seen[key] for key in sorted(seen))
 
 
-def _freeze_line(dist: importlib.metadata.Distribution, name: str) -> str:
-    plain = f"{name}=={dist.version}"
+def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """``Name`` and ``Version`` from the metadata's header lines, read without the e-mail parser
+    (which costs a capture a large share of its time on an environment of a few hundred packages)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if text is None:
+        return dist.metadata["Name"], dist.version
+    name = version = None
+    for line in text.splitlines():
+        if not line:
+            break  # the headers end at the first blank line; the description follows
+        if line.startswith("Name:"):
+            name = line[5:].strip()
+        elif line.startswith("Version:"):
+            version = line[8:].strip()
+        if name and version:
+            break
+    return name, version
+
+
+def _freeze_line(dist: importlib.metadata.Distribution, name: str, version: str | None) -> str:
+    plain = f"{name}=={version if version is not None else dist.version}"
     try:
         info = json.loads(dist.read_text("direct_url.json") or "null")
     except ValueError:
