@@ -15,10 +15,10 @@ with the predicate directly (uncounted): exactly the culprit set (or one of the 
 Noisy part: a failure that reproduces with probability ``rate`` (and a candidate only when it holds
 every culprit) goes through what ``flaketriage triage --minimize`` runs: the `SequentialTest` on
 Bernoulli replays, then the real `BundleMinimizer` (its top-up of a never-passed failure to
-``TOP_UP_TRIALS`` runs, `NoisyOracle` from the verdict's counts, the `SubsetReducer`, the final
-confirmation) through a simulated replayer. Goal: the minimal set is exactly the culprits in at
-least 99% of trials, with the Clopper–Pearson interval's low end printed beside it. Exits 1 on any
-miss.
+``TOP_UP_TRIALS`` runs, `NoisyOracle` from the verdict's counts, the `SubsetReducer` searching
+with cheap questions and confirming its answer carefully) through a simulated replayer. Goal:
+the minimal set is exactly the culprits in at least 99% of trials, with the Clopper–Pearson
+interval's low end printed beside it. Exits 1 on any miss.
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ from flaketriage.workers.bundle_minimizer import (
     TOP_UP_TRIALS,
     BundleMinimizer,
     MinimizeResult,
-    planned_decisions,
 )
-from flaketriage.workers.noisy_oracle import DEFAULT_ERROR
+from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, SEARCH_ERROR
 from flaketriage.workers.replay import Variant
 from flaketriage.workers.subset_reducer import SubsetReducer, ddmin
 from flaketriage.workers.triage import should_minimize
@@ -264,12 +263,11 @@ def p95(values: list[int]) -> float:
 
 
 def noisy(rng: random.Random, trials: int, n: int, k: int) -> bool:
-    decisions = planned_decisions(cast(Any, SimulatedReplayer(n, [], 1.0, rng).manifest))
     print(
         f"\nNoisy: the whole path, {trials:,} trials per failure rate, n = {n:,} items, k = {k} culprits "
         f"needed together\n(SequentialTest on Bernoulli replays; BundleMinimizer: top-up to "
-        f"{TOP_UP_TRIALS} runs, NoisyOracle at error {DEFAULT_ERROR:.0%} over {decisions} planned "
-        "decisions, SubsetReducer, confirmation)\n"
+        f"{TOP_UP_TRIALS} runs, NoisyOracle: search questions at {SEARCH_ERROR:.0%} each, the "
+        f"answer confirmed at {DEFAULT_ERROR:.0%})\n"
     )
     header = (
         f"{'rate':>4} | {'exact':>7} {'95% CI low':>10} | {'verdict':>7} | "

@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import Connection, bindparam, insert, select, tuple_
+from sqlalchemy import Connection, bindparam, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
@@ -122,10 +123,20 @@ def cause_key(kind: str, exception_type: str | None, message: str | None) -> str
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-_KNOWN_DELIVERIES = select(Delivery.source, Delivery.delivery_id).where(
-    tuple_(Delivery.source, Delivery.delivery_id).in_(bindparam("pairs", expanding=True))
+# The deliveries are inserted first: a repeated one (recorded before, or by a concurrent transaction)
+# is the one the unique index skips, found without a query whose plan could go wrong on a table
+# the planner has no statistics of yet. Their outcome until work is asked for: recorded or ignored.
+_ADD_DELIVERIES = {
+    name: insert(Delivery)
+    .on_conflict_do_nothing(index_elements=[Delivery.source, Delivery.delivery_id])
+    .returning(Delivery.id, Delivery.source, Delivery.delivery_id)
+    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
+_ACCEPTED = (
+    update(Delivery)
+    .where(Delivery.id.in_(bindparam("ids", expanding=True)))
+    .values(outcome=IntakeOutcome.ACCEPTED.value)
 )
-_ADD_DELIVERIES = insert(Delivery).returning(Delivery.id)  # RETURNING: one multi-row INSERT (case_batch)
 
 
 @dataclass
@@ -156,8 +167,9 @@ class _Triage:
 
 @dataclass
 class _Delivery:
+    id: int
     row: dict[str, Any]
-    """The delivery's row; its outcome is final once its work is asked for."""
+    """The delivery's row as inserted; its outcome is final once its work is asked for."""
     cases: list[CaseRow] = field(default_factory=list)
     triages: list[_Triage] = field(default_factory=list)
     work: tuple[int, ...] = ()
@@ -222,25 +234,17 @@ class Intake:
     def _record_once(self, items: Sequence[Item]) -> tuple[list[IntakeResult], list[Outgoing]]:
         """One transaction of a few statements, whatever the batch holds: the rules run on the rows
         in memory (`CaseBatch`), and what they wrote goes back in a statement or two per table."""
+        now = self.clock()
         with self.database.transaction() as conn:
-            known = _known_deliveries(conn, items)
-            batch = CaseBatch.load(conn, _first_sightings(items), self.clock(), self.storm_window)
+            new = _add_deliveries(conn, items, now)
+            batch = CaseBatch.load(conn, _first_sightings(items), now, self.storm_window)
             deliveries: list[_Delivery | None] = []
-            for source, delivery_id, kind, sightings in items:
-                if (source, delivery_id) in known:
+            for source, delivery_id, _, sightings in items:
+                added = new.pop((source, delivery_id), None)
+                if added is None:  # recorded before, or earlier in this batch
                     deliveries.append(None)
                     continue
-                known.add((source, delivery_id))
-                outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED
-                delivery = _Delivery(
-                    {
-                        "source": source,
-                        "delivery_id": delivery_id,
-                        "kind": kind,
-                        "outcome": outcome.value,
-                        "received_at": batch.now,
-                    }
-                )
+                delivery = _Delivery(*added)
                 seen: dict[int, dict[str, Any]] = {}
                 for sighting in sightings:
                     case = batch.sighted[sighting.fingerprint]
@@ -252,9 +256,9 @@ class Intake:
                 deliveries.append(delivery)
             batch.create_new(conn)  # the cases have their ids from here on
             outgoing = self._start(conn, [d for d in deliveries if d is not None])
-            recorded = [d.row for d in deliveries if d is not None]
-            if recorded:
-                conn.execute(_ADD_DELIVERIES, recorded)
+            accepted = [d.id for d in deliveries if d is not None and d.work]
+            if accepted:
+                conn.execute(_ACCEPTED, {"ids": accepted})
             batch.write_back(conn)
         results = [
             IntakeResult(IntakeOutcome.DUPLICATE)
@@ -371,7 +375,25 @@ def _first_sightings(items: Sequence[Item]) -> dict[str, NewCase]:
     return first
 
 
-def _known_deliveries(conn: Connection, items: Sequence[Item]) -> set[tuple[str, str]]:
-    pairs = {(source, delivery_id) for source, delivery_id, _, _ in items}
-    found = conn.execute(_KNOWN_DELIVERIES, {"pairs": sorted(pairs)})
-    return {(source, delivery_id) for source, delivery_id in found}
+def _add_deliveries(
+    conn: Connection, items: Sequence[Item], now: datetime
+) -> dict[tuple[str, str], tuple[int, dict[str, Any]]]:
+    """Insert the deliveries of `items` not recorded yet, in one statement: their ids and rows, by
+    source and id (a delivery repeated within `items` is inserted once, for the first)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for source, delivery_id, kind, sightings in items:
+        outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED
+        rows.setdefault(
+            (source, delivery_id),
+            {
+                "source": source,
+                "delivery_id": delivery_id,
+                "kind": kind,
+                "outcome": outcome.value,
+                "received_at": now,
+            },
+        )
+    if not rows:
+        return {}
+    inserted = conn.execute(_ADD_DELIVERIES[conn.dialect.name], list(rows.values()))
+    return {(source, delivery_id): (id_, rows[source, delivery_id]) for id_, source, delivery_id in inserted}

@@ -8,7 +8,6 @@ needed item look removable. The result is an ordinary bundle whose ``parent`` is
 
 from __future__ import annotations
 
-import math
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 from flaketriage.bundle import write_bundle
 from flaketriage.errors import MinimizeError
-from flaketriage.manifest import BlobRef, Command, DataInput, Manifest, Minimization
+from flaketriage.manifest import BlobRef, Command, DataInput, Minimization
 from flaketriage.store import Store
 from flaketriage.stored_files import store_data_input
 from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, NoisyOracle
@@ -106,23 +105,12 @@ TOP_UP_TRIALS = 20
 run is the cheapest evidence about its rate, and a tighter rate makes every candidate cheaper."""
 
 
-def planned_decisions(manifest: Manifest) -> int:
-    """How many pass-or-fail decisions a minimization of `manifest` plans for: the search's own
-    (two culprits per input at most, in expectation) and the knobs' binary searches."""
-    total = 0
-    for data in manifest.data:
-        if data.reducible and data.items > 1:
-            total += 2 * (math.ceil(math.log2(data.items)) + 1)
-    for knob in find_knobs(list(manifest.command.argv)):
-        total += math.ceil(math.log2(knob.value)) + 1
-    return max(1, total)
-
-
 class BundleMinimizer:
     """Reduces one bundle through a `Replayer`, given the verdict's evidence: `reproductions` of
     `trials` replays that either reproduced or passed (a replay that failed differently counts in
     neither). How many clean runs make a candidate pass comes from that evidence's rate interval
-    (`NoisyOracle`), never from a point estimate."""
+    (`NoisyOracle`), never from a point estimate: the search asks cheaply, the answer is
+    confirmed carefully."""
 
     def __init__(
         self,
@@ -138,9 +126,7 @@ class BundleMinimizer:
         self.replayer = replayer
         self.manifest = replayer.manifest
         self.bundle_id = bundle_id
-        self.noise = NoisyOracle(
-            reproductions, trials, decisions=planned_decisions(self.manifest), error=error
-        )
+        self.noise = NoisyOracle(reproductions, trials, error=error)
         self.progress = progress or (lambda _msg: None)
         self.oracle_calls = 0
         self.replays = 0
@@ -155,9 +141,16 @@ class BundleMinimizer:
         return False
 
     def fails(self, variant: Variant) -> bool:
-        """True when the variant reproduces the original failure (stops at the first one)."""
+        """A search question: True when the variant reproduced (proof); False after the few clean
+        runs a search question gets (a mistake costs work, not the answer: see `confirms`)."""
         self.oracle_calls += 1
-        return self.noise.fails(lambda: self._run(variant))
+        return self.noise.fails(lambda: self._run(variant), self.noise.search_runs)
+
+    def confirms(self, variant: Variant, items: int) -> bool:
+        """A confirmation question about a final answer of `items` items: True when the variant
+        reproduced; False only after enough clean runs that a miss is rare."""
+        self.oracle_calls += 1
+        return self.noise.fails(lambda: self._run(variant), self.noise.confirm_runs(items))
 
     def _top_up(self) -> None:
         """Replay the whole bundle until `TOP_UP_TRIALS` runs, while it has never passed."""
@@ -182,7 +175,11 @@ class BundleMinimizer:
             def predicate(kept: Sequence[int], path: str = data.path) -> bool:
                 return self.fails(Variant(data={**subsets, path: list(kept)}, argv=argv))
 
-            subsets[data.path] = list(SubsetReducer(predicate).reduce(subsets[data.path]))
+            def confirm(kept: Sequence[int], path: str = data.path) -> bool:
+                return self.confirms(Variant(data={**subsets, path: list(kept)}, argv=argv), len(kept) + 1)
+
+            reducer = SubsetReducer(predicate, confirm_with=confirm)
+            subsets[data.path] = list(reducer.reduce(subsets[data.path]))
         args: dict[str, tuple[str, str]] = {}
         for knob in find_knobs(argv):
             self.progress(f"lowering {knob.flag} from {knob.value}")
@@ -191,11 +188,14 @@ class BundleMinimizer:
                 return self.fails(Variant(data=subsets, argv=knob.apply(base, value)))
 
             best, _calls = minimize_integer(knob.value, knob_fails)
+            # A search mistake leaves the value too high, never too low: confirm one below it.
+            while best > 1 and self.confirms(Variant(data=subsets, argv=knob.apply(argv, best - 1)), 1):
+                best, _calls = minimize_integer(best - 1, knob_fails)
             if best < knob.value:
                 args[knob.flag] = (str(knob.value), str(best))
                 argv = knob.apply(argv, best)
         self.progress("confirming the minimal reproduction")
-        if not self.fails(Variant(data=subsets, argv=argv)):
+        if not self.confirms(Variant(data=subsets, argv=argv), 1):
             raise MinimizeError(
                 "the minimized bundle no longer reproduces the failure; the failure depends on more "
                 "than the declared data and arguments (keep the original bundle)"

@@ -1,18 +1,20 @@
 """Deciding whether a minimization candidate still fails when a run reproduces only sometimes.
 
 A reproduction is proof (its fingerprint matches), so a candidate fails at its first one. A pass is
-never proof: a candidate counts as passing only after enough clean runs that the failure, at the
-lowest rate the evidence still allows, would have shown. The evidence is the verdict's replays and
-then every run of a candidate that failed (each such run could have reproduced, and a share did).
-In numbers: with k reproductions in n such runs, the rate is taken at its one-sided lower
-Clopper–Pearson bound at ``1 - error/2``, and a pass needs the smallest m with
-``(1 - low)^m <= (error/2) / decisions``. The chance that a minimization with up to ``decisions``
-pass decisions ends with a wrong item kept or dropped is then at most ``error``.
+never proof: it only says the failure did not show in so many clean runs. Wrong answers can only be
+one kind, then: a candidate that really fails taken for one that passes. In the culprit search such
+a mistake costs no correctness, only work: the search keeps an item it could have dropped, and a
+confirmation pass at the end asks, for each item kept, whether the set without it passes, with
+enough clean runs that a mistake there is rare (``error`` over the items kept). An item whose
+removal reproduces is dropped (proof again). So the search runs cheaply (`search_runs`, a 10%
+chance of a wrong pass per question) and only the final answer pays for certainty
+(`confirm_runs`).
 
-A failure called deterministic after 5 of 5 replays is not certainly deterministic (a 70% flake
-does that 17% of the time): its low bound is 0.35, not 1, so its candidates get several clean runs
-too, and the bound rises as candidates reproduce on their first run. Never one run per candidate
-on a point estimate.
+How many clean runs make a pass comes from the evidence about the rate: the verdict's replays and
+then every run of a candidate that failed (each such run could have reproduced, and a share did).
+With k reproductions in n such runs, the rate is taken at its one-sided lower Clopper–Pearson bound
+at ``1 - error/2``, never at the point estimate: a failure called deterministic after 5 of 5
+replays is not certainly deterministic (a 70% flake does that 17% of the time).
 """
 
 from __future__ import annotations
@@ -25,47 +27,51 @@ from flaketriage.workers.verdict import MAX_CLEAN_RUNS, clopper_pearson
 
 DEFAULT_ERROR = 0.01
 """The accepted chance that a minimal set is not exactly right (1 trial in 100)."""
+SEARCH_ERROR = 0.1
+"""The accepted chance that one question of the search takes a failing candidate for a passing one:
+it costs work (the item is kept until the confirmation drops it), never the answer."""
 
 
 class NoisyOracle:
-    """``fails(run)`` decides one candidate: ``run()`` replays it once and says whether it reproduced."""
+    """``fails(run, runs)`` decides one candidate: ``run()`` replays it once and says whether it
+    reproduced; `search_runs` and `confirm_runs` say how many clean runs make a pass."""
 
-    def __init__(
-        self, reproductions: int, trials: int, *, decisions: int, error: float = DEFAULT_ERROR
-    ) -> None:
+    def __init__(self, reproductions: int, trials: int, *, error: float = DEFAULT_ERROR) -> None:
         if reproductions <= 0:
             raise MinimizeError("cannot minimize a failure that never reproduced; triage it first")
         if not 0 < error < 1:
             raise MinimizeError(f"the accepted error of a minimization must be in (0, 1); got {error}")
         self.reproductions = reproductions
         self.trials = max(trials, reproductions)
-        self.decisions = max(1, decisions)
         self.error = error
         self.runs = 0
 
     @property
     def low_rate(self) -> float:
         """The lowest reproduction rate the evidence allows (one-sided, at 1 - error/2)."""
-        if self.reproductions >= self.trials and self.trials == 0:
-            return 0.0
         low, _ = clopper_pearson(self.reproductions, self.trials, 1.0 - self.error)
         return low
 
-    @property
-    def clean_runs(self) -> int:
-        """Runs without a reproduction before a candidate counts as passing."""
+    def _runs_for(self, miss: float) -> int:
         low = self.low_rate
-        per_decision = (self.error / 2.0) / self.decisions
         if low >= 1.0:
             return 1
         if low <= 0.0:
             return MAX_CLEAN_RUNS
-        return max(1, min(MAX_CLEAN_RUNS, math.ceil(math.log(per_decision) / math.log1p(-low))))
+        return max(1, min(MAX_CLEAN_RUNS, math.ceil(math.log(miss) / math.log1p(-low))))
 
-    def fails(self, run: Callable[[], bool]) -> bool:
-        """Replay the candidate until it reproduces (fails) or `clean_runs` pass in a row."""
-        needed = self.clean_runs
-        for attempt in range(1, needed + 1):
+    @property
+    def search_runs(self) -> int:
+        """Clean runs before a search question counts as passing."""
+        return self._runs_for(SEARCH_ERROR)
+
+    def confirm_runs(self, items: int) -> int:
+        """Clean runs before a confirmation question counts as passing, for a set of `items`."""
+        return self._runs_for((self.error / 2.0) / max(1, items))
+
+    def fails(self, run: Callable[[], bool], runs: int) -> bool:
+        """Replay the candidate until it reproduces (fails) or `runs` pass in a row."""
+        for attempt in range(1, runs + 1):
             self.runs += 1
             if run():
                 # A candidate that failed held the cause: its runs are evidence about the rate.

@@ -62,6 +62,10 @@ class _Oracle(Generic[T]):
             self._memo[key] = known
         return known
 
+    def known(self, indices: Sequence[int]) -> bool | None:
+        """What was recorded for this subset, or None."""
+        return self._memo.get(self._key(indices))
+
     def assume(self, indices: Sequence[int], fails: bool) -> None:
         """Record an answer the caller already knows, so it costs no call."""
         self._memo[self._key(indices)] = fails
@@ -108,6 +112,28 @@ def _one_minimal(oracle: _Oracle[T], indices: Indices) -> Indices:
     return current if len(current) == len(indices) else _one_minimal(oracle, current)
 
 
+def _confirm(oracle: _Oracle[T], indices: Indices, predicate: Callable[[Sequence[T]], bool]) -> Indices:
+    """Drop each item whose removal still fails, asking `predicate` unless the removal was already
+    seen to fail (proof); what the search saw pass is asked again."""
+    current = list(indices)
+    i = 0
+    while i < len(current):
+        without = current[:i] + current[i + 1 :]
+        if oracle.known(without) is True or _ask(oracle, without, predicate):
+            current = without  # the next item slid into position i
+        else:
+            i += 1
+    return current
+
+
+def _ask(oracle: _Oracle[T], indices: Indices, predicate: Callable[[Sequence[T]], bool]) -> bool:
+    oracle.calls += 1
+    fails = bool(predicate(oracle.subset(indices)))
+    if fails:
+        oracle.assume(indices, fails=True)
+    return fails
+
+
 class NotMonotone(Exception):
     """The predicate contradicted monotonicity: a subset failed where a superset passed."""
 
@@ -119,6 +145,9 @@ class SubsetReducer(Generic[T]):
     already knows of the empty subset (None: unknown; asked only if it decides the answer).
     ``confirm`` asks, instead of inferring, that each culprit's removal passes (k more calls): for
     a predicate that may not be monotone, the answer is then 1-minimal whatever it does.
+    ``confirm_with`` is the predicate those questions go to (default: ``predicate``): a noisy
+    predicate searches cheaply and confirms carefully, and the confirmation trusts only what
+    the search saw fail (a failure is proof; a pass seen by the search is asked again).
     ``calls`` counts the predicate calls made by the latest ``reduce``; subsets already tried are
     answered from memory for free.
     """
@@ -130,11 +159,13 @@ class SubsetReducer(Generic[T]):
         assume_failing: bool = True,
         empty_fails: bool | None = None,
         confirm: bool = False,
+        confirm_with: Callable[[Sequence[T]], bool] | None = None,
     ) -> None:
         self._predicate = predicate
         self._assume_failing = assume_failing
         self._empty_fails = empty_fails
-        self._confirm = confirm
+        self._confirm = confirm or confirm_with is not None
+        self._confirm_with = confirm_with
         self.calls = 0
 
     def reduce(self, items: Sequence[T]) -> list[T]:
@@ -155,7 +186,9 @@ class SubsetReducer(Generic[T]):
                 found = sorted(_culprits(oracle, len(items)))
             except NotMonotone:
                 found = _one_minimal(oracle, _ddmin(oracle, everything))
-            if self._confirm:
+            if self._confirm_with is not None:
+                found = _confirm(oracle, found, self._confirm_with)
+            elif self._confirm:
                 found = _one_minimal(oracle, found)
             return oracle.subset(found)
         finally:

@@ -76,15 +76,15 @@ def _empty(database: Database) -> None:
 
 
 def _records(database: Database) -> dict[str, list[dict[str, Any]]]:
-    """Every row; work by key (a key asked for twice may take an id from the sequence, once)."""
+    """Every row, in order; work and deliveries without their ids: a row that was there already
+    (a delivery repeated, work asked for again) may take a number from PostgreSQL's sequence, and
+    one at a time asks more often than a batch does."""
     out: dict[str, list[dict[str, Any]]] = {}
     with database.engine.connect() as conn:
         for table in Base.metadata.sorted_tables:
             rows = [row._asdict() for row in conn.execute(select(table).order_by(*table.primary_key))]
-            if table.name == "work":
-                rows = sorted(
-                    ({k: v for k, v in r.items() if k != "id"} for r in rows), key=lambda r: r["key"]
-                )
+            if table.name in ("work", "deliveries"):
+                rows = [{k: v for k, v in r.items() if k != "id"} for r in rows]
             out[table.name] = rows
     return out
 

@@ -72,11 +72,12 @@ def test_noisy_failure_is_minimized_without_losing_a_culprit(tmp_path: Path) -> 
     store, bundle = _capture(root, NOISY, rows=120)
     manifest = load_manifest(store, bundle)
     with Replayer(store, manifest, ProcessSandbox(), context=ReplayContext.from_process()) as replayer:
-        # A candidate passes only after enough clean runs that the failure, at the lowest rate 14
-        # reproductions in 20 replays allow, would have shown: more for a smaller accepted error.
-        default = BundleMinimizer(store, replayer, bundle, 14, 20).noise.clean_runs
+        # A search question passes after a few clean runs, a confirmation only after enough that
+        # the failure, at the lowest rate 14 reproductions in 20 replays allow, would have shown:
+        # more for a smaller accepted error.
+        default = BundleMinimizer(store, replayer, bundle, 14, 20).noise
         minimizer = BundleMinimizer(store, replayer, bundle, 14, 20, error=0.001)
-        assert 1 < default < minimizer.noise.clean_runs
+        assert 1 < default.search_runs < default.confirm_runs(2) < minimizer.noise.confirm_runs(2)
         result = minimizer.run()
     assert result.data == {"rows.jsonl": (2, 120)}
     minimal = load_manifest(store, result.bundle_id)
