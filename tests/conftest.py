@@ -3,7 +3,9 @@ real manifests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -20,6 +22,29 @@ from hypothesis import HealthCheck, settings
 
 from flaketriage.manifest import Command, Environment, Failure, Manifest
 from flaketriage.store import LocalStore, MemoryStore, Store
+
+POSTGRES_ADMIN = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""An admin URL of the PostgreSQL the tests make their databases on (tests/run.sh finds or starts it)."""
+
+
+@contextlib.contextmanager
+def new_postgres_database(prefix: str) -> Iterator[str]:
+    """A database of its own on the test PostgreSQL, named `prefix` and random hex: its URL. Dropped
+    afterwards, connections and all."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from flaketriage.records.database import database_url
+
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(database_url(POSTGRES_ADMIN)).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
 
 # Timing-based checks fail on a loaded 2-core CI runner without saying anything about the code.
 settings.register_profile("flaketriage", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -52,4 +52,5 @@ python3 -m venv .venv
 # torch from the pinned CPU build first (any other torch spec downloads gigabytes).
 python -c "import torch" 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0
 pip install -q --disable-pip-version-check -e '.[dev,demo,guards,lightning,huggingface,sentry,server,s3,github,docker]'
-python -m pytest "$@"
+# One worker process per core, at most four (each starts its own services as its tests need them).
+python -m pytest -n auto --maxprocesses 4 "$@"

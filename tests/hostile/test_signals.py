@@ -226,7 +226,14 @@ def _start(box: Sandbox, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started under nohup hands its children SIGHUP ignored; a user's shell does not.
+        preexec_fn=_default_signals,
     )
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _stop(proc: subprocess.Popen[str], signum: int, marker: str) -> tuple[str, str]:
@@ -241,6 +248,7 @@ def _stop(proc: subprocess.Popen[str], signum: int, marker: str) -> tuple[str, s
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.communicate()
         raise
     return out, err
 

@@ -17,7 +17,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -34,12 +33,12 @@ from flaketriage.records import Base, Case, Database, Delivery, Occurrence, Work
 from flaketriage.settings import load_settings
 from flaketriage.signing import signed_headers
 from flaketriage.store import open_store
+from tests.conftest import new_postgres_database
 
 EVENTS_SECRET = b"events-secret"
 GITHUB_SECRET = b"github-secret"
 SENTRY_SECRET = b"sentry-client-secret"
 PAYLOADS = Path(__file__).with_name("payloads")
-POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 _CI_VARS = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "CIRCLECI")
 
 
@@ -55,19 +54,14 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A database of this session's own on the local PostgreSQL, migrated once, dropped at the end."""
-    name = f"ft_test_{secrets.token_hex(6)}"
-    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    database = Database(url)
-    try:
-        database.upgrade()
-        database.dispose()
-        yield url
-    finally:
-        database.dispose()
-        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_postgres_database("ft_test") as url:
+        database = Database(url)
+        try:
+            database.upgrade()
+            database.dispose()
+            yield url
+        finally:
+            database.dispose()
 
 
 def _emptied(url: str) -> Database:

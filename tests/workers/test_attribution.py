@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import socket
 import sys
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from flaketriage.manifest import GPU, Hardware
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.service import Service
-from flaketriage.records import Database, RunnerRow, database_url
+from flaketriage.records import Database, RunnerRow
 from flaketriage.records.models import Base
 from flaketriage.settings import load_settings
 from flaketriage.workers.attribution import (
@@ -41,6 +39,7 @@ from flaketriage.workers.gpus import RunnerGPUs
 from flaketriage.workers.report.render import ENVIRONMENT_LABEL
 from flaketriage.workers.runners import record_attribution, record_replay
 from flaketriage.workers.triage import TriageResult
+from tests.conftest import new_postgres_database
 from tests.workers.service_world import World, make_world
 
 H100 = (GPUIdentity("NVIDIA H100 80GB HBM3", "GPU-aaaa"), GPUIdentity("NVIDIA H100 80GB HBM3", "GPU-bbbb"))
@@ -340,7 +339,6 @@ def test_local_triage_has_no_attribution(tmp_path: Path) -> None:
 
 
 # -- the records, on both backends ----------------------------------------------------------------
-POSTGRES_ADMIN = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -352,21 +350,13 @@ def records(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database
         yield database
         database.dispose()
         return
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    name = f"ft_runners_{secrets.token_hex(6)}"
-    admin = make_url(database_url(POSTGRES_ADMIN))
-    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    database = Database(admin.set(database=name).render_as_string(hide_password=False))
-    try:
-        database.upgrade()
-        yield database
-    finally:
-        database.dispose()
-        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_postgres_database("ft_runners") as url:
+        database = Database(url)
+        try:
+            database.upgrade()
+            yield database
+        finally:
+            database.dispose()
 
 
 def test_runner_records_count_replays_and_verdicts_and_flag_suspects(records: Database) -> None:

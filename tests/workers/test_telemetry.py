@@ -36,8 +36,11 @@ from tests.workers.service_world import World, make_world
 
 # Fails only while the flag file exists: captured failing, replayed passing (not reproduced).
 ONLY_WITH_FLAG = """\
-import os, sys
-total = sum(range(300000))
+import os, sys, time
+# Busy long enough for a sampling profiler to see it even on a loaded machine.
+end = time.perf_counter() + 0.2
+while time.perf_counter() < end:
+    pass
 if os.path.exists(sys.argv[1] if len(sys.argv) > 1 else "FLAG"):
     raise RuntimeError("only while the flag is up")
 """
@@ -311,6 +314,7 @@ def test_the_telemetry_command_runs_one_locally(flagged: tuple[LocalStore, str, 
     assert data["verdict"] == "not_reproduced" and data["replays"] == 8 and not data["decided"]
     assert data["telemetry"]["summary"]["samples"] >= 2
     assert store.has(data["telemetry"]["series"]["object"])
+    assert data["telemetry"]["profile"] is not None, data["telemetry"]["profile_note"]
     assert data["telemetry"]["profile"]["tool"] == "py-spy" and store.has(
         data["telemetry"]["profile"]["object"]
     )
