@@ -20,22 +20,16 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from flaketriage.errors import BrokerError
 from flaketriage.records import Database, ReplayRow, Work, WorkStatus
+from flaketriage.records.bulk import insert_rows
 from flaketriage.records.models import utc_now
 from flaketriage.work import SEND_TASKS_TASK, Queue, QueuedTask, Step, TaskBatch, WorkOrder, task_name
 
 LEASE_S = 120.0
 """A running step renews its lease well within this; one silent this long lost its worker."""
-
-_NEW_WORK = {
-    name: insert(Work).on_conflict_do_nothing(index_elements=[Work.key]).returning(Work.id, Work.key)
-    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
-}
-"""By dialect: insert work rows, skipping keys already recorded; the ids and keys of those inserted."""
 
 
 class TaskSender(Protocol):
@@ -259,10 +253,12 @@ class Dispatcher:
             )
         if not rows:
             return {}
-        statement = _NEW_WORK[conn.dialect.name]
+        created = insert_rows(
+            conn, Work, list(rows.values()), returning=("id", "key"), skip_conflicts_on=("key",)
+        )
         return {
             key: Outgoing(task_name(rows[key]["step"]), WorkOrder(work_id=work_id), rows[key]["queue"])
-            for work_id, key in conn.execute(statement, list(rows.values()))
+            for work_id, key in created
         }
 
     def replays(

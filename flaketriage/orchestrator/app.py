@@ -9,7 +9,6 @@ sender retries; a repeated delivery is answered 200 and does nothing). Bad input
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -191,8 +190,7 @@ def create_app(service: Service) -> FastAPI:
             refuse("events", 422, str(exc), "store_refused")
         # Recorded by the intake thread with whatever else arrived meanwhile (group commit); this
         # request is answered once its own delivery is committed and its work sent.
-        future = service.intake_queue.submit("events", event.event_id, event.kind, [sighting])
-        result = await asyncio.wrap_future(future)
+        result = await service.intake_queue.record("events", event.event_id, event.kind, [sighting])
         return answer("events", result, [])
 
     @app.post(

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, select
 
 from flaketriage.records import Case, CaseStatus, Occurrence
+from flaketriage.records.bulk import insert_rows, one_of, update_rows
 
 _STATE = (
     Case.id,
@@ -63,9 +64,9 @@ class CaseRow:
         return case
 
     def changes(self) -> dict[str, Any]:
-        """The columns that may change, with the id as `_WRITE_BACK` takes them."""
+        """The columns that may change, with the id (as `update_rows` takes them)."""
         return {
-            "case_id": self.id,
+            "id": self.id,
             "status": self.status,
             "error": self.error,
             "generation": self.generation,
@@ -76,35 +77,34 @@ class CaseRow:
         }
 
 
-# Built once: building and compiling a statement anew costs more than running it.
-_LOCK_CASES = (
-    select(*_STATE)
-    .where(Case.fingerprint.in_(bindparam("fingerprints", expanding=True)))
+# Built once per dialect: building and compiling a statement anew costs more than running it.
+_LOCK_CASES = {
+    name: select(*_STATE)
+    .where(fingerprint_in)
     .order_by(Case.id)
     .with_for_update()  # SQLite has no row locks: BEGIN IMMEDIATE keeps other writers out already
-)
-_READ_CASES = select(*_STATE).where(Case.id.in_(bindparam("ids", expanding=True)))
-_FIRST_LEADERS = select(*_STATE).where(
-    Case.id.in_(
-        select(func.min(Case.id))
-        .where(
-            Case.cause_key.in_(bindparam("causes", expanding=True)),
-            Case.id.not_in(bindparam("batch", expanding=True)),
-            Case.storm_of.is_(None),
-            Case.last_triage_at >= bindparam("since"),
+    for name, fingerprint_in in one_of(Case.fingerprint, "fingerprints").items()
+}
+_READ_CASES = {name: select(*_STATE).where(id_in) for name, id_in in one_of(Case.id, "ids").items()}
+_FIRST_LEADERS = {
+    name: select(*_STATE).where(
+        Case.id.in_(
+            select(func.min(Case.id))
+            .where(
+                cause_in,
+                ~batch_in,
+                Case.storm_of.is_(None),
+                Case.last_triage_at >= bindparam("since"),
+            )
+            .group_by(Case.cause_key)
+            .scalar_subquery()
         )
-        .group_by(Case.cause_key)
-        .scalar_subquery()
     )
-)
+    for (name, cause_in), batch_in in zip(
+        one_of(Case.cause_key, "causes").items(), one_of(Case.id, "batch").values(), strict=True
+    )
+}
 """Per cause, the first case outside the batch that leads a storm since ``since``."""
-_CREATE_CASES = insert(Case).returning(Case.id, sort_by_parameter_order=True)
-# One multi-row INSERT (SQLAlchemy's "insertmanyvalues", which RETURNING asks for) rather than one
-# execution per row: each execution is a few more calls into libpq that let go of the GIL, and
-# every one of those waits to get it back from the busy event loop.
-_ADD_OCCURRENCES = insert(Occurrence).returning(Occurrence.id)
-_WRITE_BACK = update(Case).where(Case.id == bindparam("case_id"))
-"""Executed with `CaseRow.changes` of each changed case: the keys but the id are the SET clause."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class CaseBatch:
         the leaders they follow, and the storm candidates outside the batch within `storm_window`."""
         found: dict[str, CaseRow] = {}
         if first:
-            rows = conn.execute(_LOCK_CASES, {"fingerprints": sorted(first)})
+            rows = conn.execute(_LOCK_CASES[conn.dialect.name], {"fingerprints": sorted(first)})
             found = {row.fingerprint: CaseRow.of(row) for row in rows}
         new: dict[int, NewCase] = {}
         sighted: dict[str, CaseRow] = {}
@@ -162,7 +162,7 @@ class CaseBatch:
     def _load_leaders(self, conn: Connection, storm_window: timedelta) -> None:
         followed = {c.storm_of for c in self.sighted.values() if c.storm_of is not None} - self.by_id.keys()
         if followed:
-            for row in conn.execute(_READ_CASES, {"ids": sorted(followed)}):
+            for row in conn.execute(_READ_CASES[conn.dialect.name], {"ids": sorted(followed)}):
                 self.by_id[row.id] = CaseRow.of(row)
         if storm_window <= timedelta(0):
             return
@@ -176,7 +176,7 @@ class CaseBatch:
             "batch": sorted(c.id for c in self.sighted.values() if c.id > 0),
             "since": self.now - storm_window,
         }
-        for row in conn.execute(_FIRST_LEADERS, candidates):
+        for row in conn.execute(_FIRST_LEADERS[conn.dialect.name], candidates):
             leader = self.by_id.setdefault(row.id, CaseRow.of(row))
             self.outside_leaders[str(leader.cause_key)] = leader
 
@@ -226,14 +226,15 @@ class CaseBatch:
                     "repository": made.repository,
                     "first_seen": self.now,
                 }
-                | {k: v for k, v in case.stored.items() if k != "case_id"}
+                | {k: v for k, v in case.stored.items() if k != "id"}
             )
-        ids = conn.execute(_CREATE_CASES, rows).scalars().all()
-        real = dict(zip(self.new, ids, strict=True))
+        created = insert_rows(conn, Case, rows, returning=("id", "fingerprint"))
+        ids = {fingerprint: id_ for id_, fingerprint in created}
+        real = {provisional: ids[made.fingerprint] for provisional, made in self.new.items()}
         for case in cases:
             case.id = real[case.id]
             assert case.stored is not None
-            case.stored["case_id"] = case.id
+            case.stored["id"] = case.id
         for case in self.by_id.values():
             if case.storm_of is not None and case.storm_of < 0:
                 case.storm_of = real[case.storm_of]
@@ -242,11 +243,8 @@ class CaseBatch:
 
     def write_back(self, conn: Connection) -> None:
         """Insert the occurrences and update the cases that changed since read or created."""
-        if self.occurrences:
-            conn.execute(_ADD_OCCURRENCES, [row | {"case_id": case.id} for case, row in self.occurrences])
-        changed = [c.changes() for c in self.sighted.values() if c.changes() != c.stored]
-        if changed:
-            conn.execute(_WRITE_BACK, changed)
+        insert_rows(conn, Occurrence, [row | {"case_id": case.id} for case, row in self.occurrences])
+        update_rows(conn, Case, [c.changes() for c in self.sighted.values() if c.changes() != c.stored])
 
 
 def _provisional(provisional_id: int, made: NewCase, now: datetime) -> CaseRow:

@@ -23,8 +23,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import Connection, bindparam, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, update
 from sqlalchemy.exc import IntegrityError
 
 from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
@@ -32,6 +31,7 @@ from flaketriage.errors import RecordsError
 from flaketriage.normalize import normalize_message
 from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
 from flaketriage.records import CaseStatus, Database, Delivery
+from flaketriage.records.bulk import insert_rows, one_of
 from flaketriage.records.models import utc_now
 from flaketriage.work import Queue, Step
 
@@ -126,17 +126,10 @@ def cause_key(kind: str, exception_type: str | None, message: str | None) -> str
 # The deliveries are inserted first: a repeated one (recorded before, or by a concurrent transaction)
 # is the one the unique index skips, found without a query whose plan could go wrong on a table
 # the planner has no statistics of yet. Their outcome until work is asked for: recorded or ignored.
-_ADD_DELIVERIES = {
-    name: insert(Delivery)
-    .on_conflict_do_nothing(index_elements=[Delivery.source, Delivery.delivery_id])
-    .returning(Delivery.id, Delivery.source, Delivery.delivery_id)
-    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+_ACCEPTED = {
+    name: update(Delivery).where(id_in).values(outcome=IntakeOutcome.ACCEPTED.value)
+    for name, id_in in one_of(Delivery.id, "ids").items()
 }
-_ACCEPTED = (
-    update(Delivery)
-    .where(Delivery.id.in_(bindparam("ids", expanding=True)))
-    .values(outcome=IntakeOutcome.ACCEPTED.value)
-)
 
 
 @dataclass
@@ -258,7 +251,7 @@ class Intake:
             outgoing = self._start(conn, [d for d in deliveries if d is not None])
             accepted = [d.id for d in deliveries if d is not None and d.work]
             if accepted:
-                conn.execute(_ACCEPTED, {"ids": accepted})
+                conn.execute(_ACCEPTED[conn.dialect.name], {"ids": accepted})
             batch.write_back(conn)
         results = [
             IntakeResult(IntakeOutcome.DUPLICATE)
@@ -395,5 +388,11 @@ def _add_deliveries(
         )
     if not rows:
         return {}
-    inserted = conn.execute(_ADD_DELIVERIES[conn.dialect.name], list(rows.values()))
+    inserted = insert_rows(
+        conn,
+        Delivery,
+        list(rows.values()),
+        returning=("id", "source", "delivery_id"),
+        skip_conflicts_on=("source", "delivery_id"),
+    )
     return {(source, delivery_id): (id_, rows[source, delivery_id]) for id_, source, delivery_id in inserted}

@@ -2,24 +2,32 @@
 own is committed and its work handed to the broker.
 
 Under load, a transaction and a broker message per delivery cost far more than the delivery's own
-work. `IntakeQueue` hands every delivery to one recording thread, which takes all that are waiting
-(up to `max_batch`) and records them together (`Intake.commit_batch`): one transaction. A second
-thread then hands the batch's work to the broker (`Dispatcher.send`) while the first records the
-next batch, and only then answers the batch's requests, so 202 keeps its meaning. A batch that fails
+work. `IntakeQueue` hands every delivery to a few writer threads; a writer takes all that wait (up
+to `max_batch`), records them together (`Intake.commit_batch`: one transaction), hands the batch's
+work to the broker (`Dispatcher.send`) and only then answers the batch's requests, so 202 keeps its
+meaning. While one writer waits for the database, another records the next batch: a batch spends
+most of its time in round trips, so two writers take about twice the deliveries. A batch that fails
 is recorded again one delivery at a time, so a bad delivery never fails the others. When nothing
 else waits, a delivery goes alone, at once.
+
+Writers on SQLite: one (it takes one writer at a time anyway). Requests on an event loop
+(`record`) are answered in one call into the loop per batch, not one per request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from flaketriage.dispatch import Outgoing
 from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
+
+WRITERS = 2
+"""Writer threads on a database that takes concurrent writers (PostgreSQL)."""
 
 
 @dataclass
@@ -28,99 +36,134 @@ class Pending:
     delivery_id: str
     kind: str
     sightings: Sequence[Sighting]
-    future: Future[IntakeResult] = field(default_factory=Future)
-
-
-_Committed = tuple[list[Pending], list[IntakeResult], list[Outgoing]]
-"""A committed batch: its deliveries, their results, and the tasks to send before answering them."""
+    future: Future[IntakeResult] | asyncio.Future[IntakeResult] = field(default_factory=Future)
 
 
 class IntakeQueue:
-    """Records deliveries through `intake` on one thread, in batches; sends their work on another."""
+    """Records deliveries through `intake` on writer threads, in batches, and sends their work."""
 
-    def __init__(self, intake: Intake, *, max_batch: int = 256) -> None:
+    def __init__(self, intake: Intake, *, max_batch: int = 256, writers: int | None = None) -> None:
         self.intake = intake
         self.max_batch = max_batch
+        if writers is None:
+            writers = WRITERS if intake.database.engine.dialect.name == "postgresql" else 1
+        self.writers = max(1, writers)
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
-        self._committed: queue.SimpleQueue[_Committed | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def submit(
         self, source: str, delivery_id: str, kind: str, sightings: Sequence[Sighting]
     ) -> Future[IntakeResult]:
-        """The delivery's result, once it is recorded (or the error that kept it from being)."""
-        self._ensure_threads()
-        item = Pending(source, delivery_id, kind, sightings)
-        self._queue.put(item)
-        return item.future
+        """The delivery's result, once it is recorded and its work sent (or the error that kept it
+        from being: `RecordsError`, nothing recorded; `BrokerError`, recorded but not sent)."""
+        future: Future[IntakeResult] = Future()
+        self._put(Pending(source, delivery_id, kind, sightings, future))
+        return future
+
+    async def record(
+        self, source: str, delivery_id: str, kind: str, sightings: Sequence[Sighting]
+    ) -> IntakeResult:
+        """`submit`, awaited on the running event loop."""
+        waiter: asyncio.Future[IntakeResult] = asyncio.get_running_loop().create_future()
+        self._put(Pending(source, delivery_id, kind, sightings, waiter))
+        return await waiter
 
     def close(self) -> None:
+        """Record and answer what waits, then stop the writers."""
         with self._lock:
             if self._threads:
-                self._queue.put(None)  # the recorder finishes what waits, then stops the sender
+                self._queue.put(None)  # each writer that takes it passes it on, then stops
                 for thread in self._threads:
                     thread.join(timeout=30)
                 self._threads = []
+                self._queue = queue.SimpleQueue()
+
+    def _put(self, item: Pending) -> None:
+        self._ensure_threads()
+        self._queue.put(item)
 
     def _ensure_threads(self) -> None:
         with self._lock:
-            roles = (("flaketriage-intake", self._record_all), ("flaketriage-intake-send", self._send_all))
-            if not self._threads:
-                self._threads = [threading.Thread(target=t, name=n, daemon=True) for n, t in roles]
-                for thread in self._threads:
-                    thread.start()
+            # Only an error in Python itself ends a writer: one that did is started again.
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self.writers:
+                name = f"flaketriage-intake-{len(self._threads) + 1}"
+                thread = threading.Thread(target=self._write_all, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _write_all(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                self._queue.put(None)  # for the next writer
                 return
-            for index, (name, target) in enumerate(roles):  # only an error in Python itself ends one
-                if not self._threads[index].is_alive():
-                    self._threads[index] = threading.Thread(target=target, name=name, daemon=True)
-                    self._threads[index].start()
+            batch = [first]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._write(batch)
+            if stop:
+                self._queue.put(None)
+                return
 
-    def _record_all(self) -> None:
-        try:
-            while True:
-                first = self._queue.get()
-                if first is None:
-                    return
-                batch = [first]
-                while len(batch) < self.max_batch:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        self._queue.put(None)  # finish this batch, then stop
-                        break
-                    batch.append(item)
-                self._record(batch)
-        finally:
-            self._committed.put(None)
-
-    def _record(self, batch: list[Pending]) -> None:
+    def _write(self, batch: list[Pending]) -> None:
         try:
             results, outgoing = self.intake.commit_batch(
                 [(p.source, p.delivery_id, p.kind, p.sightings) for p in batch]
             )
         except Exception as exc:  # nothing of the batch was committed
             if len(batch) == 1:
-                batch[0].future.set_exception(exc)
+                _settle([(batch[0], None, exc)])
                 return
             for item in batch:  # one at a time: only the delivery at fault fails
-                self._record([item])
+                self._write([item])
             return
-        self._committed.put((batch, results, outgoing))
+        try:
+            self.intake.dispatcher.send(outgoing)
+        except Exception as exc:  # a `BrokerError`: committed, not handed over; all of it hears so
+            _settle([(item, None, exc) for item in batch])
+            return
+        _settle([(item, result, None) for item, result in zip(batch, results, strict=True)])
 
-    def _send_all(self) -> None:
-        while True:
-            committed = self._committed.get()
-            if committed is None:
-                return
-            batch, results, outgoing = committed
-            try:
-                self.intake.dispatcher.send(outgoing)
-            except Exception as exc:  # a `BrokerError`: committed, not handed over; all of it hears so
-                for item in batch:
-                    item.future.set_exception(exc)
-                continue
-            for item, result in zip(batch, results, strict=True):
-                item.future.set_result(result)
+
+_Outcome = tuple[Pending, IntakeResult | None, BaseException | None]
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    """Give each delivery its result or error: in one call per event loop for those awaited there."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        future = outcome[0].future
+        if isinstance(future, asyncio.Future):
+            by_loop.setdefault(future.get_loop(), []).append(outcome)
+        else:
+            _resolve(outcome)
+    for loop, waiting in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these any more
+            loop.call_soon_threadsafe(_resolve_all, waiting)
+
+
+def _resolve_all(outcomes: list[_Outcome]) -> None:
+    for outcome in outcomes:
+        _resolve(outcome)
+
+
+def _resolve(outcome: _Outcome) -> None:
+    item, result, error = outcome
+    future = item.future
+    if future.done():  # an awaiting request that was cancelled (its client went away)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        assert result is not None
+        future.set_result(result)

@@ -1,0 +1,161 @@
+"""The intake queue: deliveries from many requests at once are recorded in batches by writer threads
+(two on PostgreSQL, one on SQLite), each answered once its own is committed and its work sent; a bad
+delivery fails alone; a broker that is down is heard by every delivery of its batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from sqlalchemy import func, select
+
+from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.errors import BrokerError, RecordsError
+from flaketriage.orchestrator.intake import Intake, IntakeOutcome, IntakeResult, Sighting
+from flaketriage.orchestrator.intake_queue import IntakeQueue
+from flaketriage.records import Case, Database, Delivery, Work
+
+
+def _sighting(n: int, fingerprint: str | None = None) -> Sighting:
+    return Sighting(
+        fingerprint=fingerprint or f"failure-{n:04d}",
+        kind="bundle",
+        title=f"failure {n}",
+        bundle_id=f"{n:064x}",
+        store_url="file:///store",
+    )
+
+
+def _queue(database: Database, sender: MemorySender) -> IntakeQueue:
+    intake = Intake(database, Dispatcher(database, sender), retriage_after_s=3600, storm_window_s=0)
+    return IntakeQueue(intake, max_batch=16)
+
+
+def _count(database: Database, model: type) -> int:
+    with database.session() as session:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def test_writers_by_backend(database: Database) -> None:
+    queue = _queue(database, MemorySender())
+    assert queue.writers == (2 if database.engine.dialect.name == "postgresql" else 1)
+
+
+def test_many_requests_at_once_are_each_recorded_once_and_answered(database: Database) -> None:
+    sender = MemorySender()
+    queue = _queue(database, sender)
+
+    async def all_at_once() -> list[IntakeResult]:
+        # Each delivery twice: the second of each is a duplicate, whichever batch it lands in.
+        calls = [
+            queue.record("events", f"d-{n % 100}", "failure.captured", [_sighting(n % 100)])
+            for n in range(200)
+        ]
+        return await asyncio.gather(*calls)
+
+    try:
+        results = asyncio.run(all_at_once())
+    finally:
+        queue.close()
+    outcomes = [r.outcome for r in results]
+    assert outcomes.count(IntakeOutcome.ACCEPTED) == 100 and outcomes.count(IntakeOutcome.DUPLICATE) == 100
+    assert (_count(database, Delivery), _count(database, Case), _count(database, Work)) == (100, 100, 100)
+    assert sorted(order.work_id for _, order, _ in sender.sent) == sorted(w for r in results for w in r.work)
+
+
+def test_threads_and_an_event_loop_share_one_queue(database: Database) -> None:
+    queue = _queue(database, MemorySender())
+    answers: list[IntakeResult] = []
+
+    def from_a_thread(base: int) -> None:
+        for n in range(base, base + 20):
+            answers.append(queue.submit("github", f"g-{n}", "check_run", [_sighting(n)]).result(timeout=60))
+
+    threads = [threading.Thread(target=from_a_thread, args=(b,)) for b in (0, 100)]
+    for thread in threads:
+        thread.start()
+
+    async def from_the_loop() -> list[IntakeResult]:
+        calls = [
+            queue.record("events", f"e-{n}", "failure.captured", [_sighting(n)]) for n in range(200, 240)
+        ]
+        return await asyncio.gather(*calls)
+
+    try:
+        answers.extend(asyncio.run(from_the_loop()))
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        queue.close()
+    assert len(answers) == 80 and {a.outcome for a in answers} == {IntakeOutcome.ACCEPTED}
+    assert _count(database, Case) == 80
+
+
+def test_a_bad_delivery_fails_alone(postgres_database: Database) -> None:
+    # A fingerprint longer than its column: PostgreSQL refuses the batch it is in; the others of that
+    # batch are recorded again one at a time and succeed.
+    queue = _queue(postgres_database, MemorySender())
+
+    async def together() -> list[IntakeResult | BaseException]:
+        calls = [
+            queue.record("events", f"d-{n}", "failure.captured",
+                         [_sighting(n, fingerprint="x" * 300 if n == 5 else None)])
+            for n in range(12)
+        ]  # fmt: skip
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        queue.close()
+    failed = [n for n, r in enumerate(results) if isinstance(r, BaseException)]
+    assert failed == [5] and isinstance(results[5], RecordsError)
+    assert _count(postgres_database, Case) == 11 and _count(postgres_database, Delivery) == 11
+
+
+def test_a_broker_that_is_down_is_heard_by_the_whole_batch_which_stays_recorded(database: Database) -> None:
+    queue = _queue(database, MemorySender(fail=True))
+
+    async def together() -> list[IntakeResult | BaseException]:
+        calls = [queue.record("events", f"d-{n}", "failure.captured", [_sighting(n)]) for n in range(10)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        queue.close()
+    assert all(isinstance(r, BrokerError) for r in results)
+    assert _count(database, Work) == 10  # the sweep sends them once the broker is back
+
+
+def test_close_answers_what_waits_and_the_queue_starts_again(database: Database) -> None:
+    queue = _queue(database, MemorySender())
+    futures = [queue.submit("events", f"d-{n}", "failure.captured", [_sighting(n)]) for n in range(30)]
+    queue.close()
+    assert all(f.done() for f in futures) and {f.result().outcome for f in futures} == {
+        IntakeOutcome.ACCEPTED
+    }
+    again = queue.submit("events", "d-late", "failure.captured", [_sighting(99)])
+    try:
+        assert again.result(timeout=60).outcome is IntakeOutcome.ACCEPTED
+    finally:
+        queue.close()
+
+
+def test_a_request_that_went_away_does_not_stop_the_writers(database: Database) -> None:
+    queue = _queue(database, MemorySender())
+
+    async def one_gives_up() -> IntakeResult:
+        gone = asyncio.ensure_future(queue.record("events", "d-gone", "failure.captured", [_sighting(1)]))
+        await asyncio.sleep(0)  # queued, not answered yet
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return await queue.record("events", "d-next", "failure.captured", [_sighting(2)])
+
+    try:
+        assert asyncio.run(one_gives_up()).outcome is IntakeOutcome.ACCEPTED
+    finally:
+        queue.close()
+    assert _count(database, Delivery) == 2  # what was sent is recorded, whether or not anyone waits
