@@ -167,9 +167,10 @@ class Store(ABC):
         self._write_object(key, b"".join(stored))
 
     def missing(self, keys: Iterable[str]) -> list[str]:
-        """The keys of `keys` that are not present, in order (one batch: backends where each check
-        is a round trip override this to check in parallel)."""
-        return [key for key in keys if not self.has(key)]
+        """The keys of `keys` that are not present, in order, asked by a writer that will name the
+        others (`reuse`): one batch, which backends where each check is a round trip override to
+        check in parallel."""
+        return [key for key in keys if not self.reuse(key)]
 
     @abstractmethod
     def has(self, key: str) -> bool:
@@ -212,7 +213,7 @@ class Store(ABC):
     def put_bytes(self, data: bytes) -> BlobRef:
         self._refuse_if_readonly()
         key = sha256_bytes(data)
-        if not self.has(key):
+        if not self.reuse(key):
             self._write_object(key, encode(data))
         return BlobRef(sha256=key, size=len(data))
 
@@ -243,7 +244,14 @@ class Store(ABC):
         """What this store holds of the file `stamp` describes, when the stat cache knows that file
         unchanged and its object is still here; else None (read the file)."""
         known = self.state.get(stamp)
-        return known if known is not None and self.has(known.ref.sha256) else None
+        return known if known is not None and self.reuse(known.ref.sha256) else None
+
+    def reuse(self, key: str) -> bool:
+        """Whether the object `key` is present, asked by a writer about to name it in a new bundle.
+        A backend whose garbage collection dates objects by their write time refreshes an old one
+        (git's "freshen"), so a collection running meanwhile sees it as young: its grace period
+        then covers the object until the new manifest references it. Default: `has`."""
+        return self.has(key)
 
     def remember_file(self, stamp: FileStamp, stored: KnownFile) -> None:
         """Record in the stat cache that the file `stamp` describes (read after the stamp was taken,
@@ -375,7 +383,7 @@ class Store(ABC):
     def copy_to(self, other: Store, key: str, *, max_size: int | None = None) -> int:
         """Copy one blob into another store as it is stored (byte for byte), verified on the way;
         the bytes sent (0 when `other` has it already)."""
-        if other.has(check_key(key)):
+        if other.reuse(check_key(key)):
             return 0
         return other.put_stored(key, self.stored_chunks(key, max_size=max_size))
 

@@ -21,6 +21,7 @@ directories 0700); a store `shared` by a team is group-readable instead (files 0
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -60,6 +61,9 @@ SYNC_EACH_MAX = 64
 RECENT_S = 60.0
 """An object found written this recently by another writer may not be on disk yet: `flush` syncs it
 too before a manifest of this process names it."""
+FRESHEN_AFTER_S = 60.0
+"""An object a writer reuses whose mtime is older than this gets the current time (`Store.reuse`):
+garbage collection's grace period (an hour by default) is counted from there."""
 
 
 class LocalStore(Store):
@@ -198,7 +202,7 @@ class LocalStore(Store):
 
     def _write_object(self, key: str, stored: bytes) -> None:
         path = f"{self.root}/objects/{key[:2]}/{key[2:]}"  # a string: it runs per file
-        if self._present(path):
+        if self._present(path, freshen=True):
             return
         try:
             try:  # an empty file a power cut left is replaced: it is no object
@@ -211,16 +215,27 @@ class LocalStore(Store):
         with self._unsynced_lock:
             self._unsynced.add(path)
 
-    def _present(self, path: Path | str) -> bool:
-        """Whether an object file is there and not empty (every stored form has its tag byte)."""
+    def _present(self, path: Path | str, *, freshen: bool = False) -> bool:
+        """Whether an object file is there and not empty (every stored form has its tag byte). With
+        `freshen` (a writer reuses it), an old one gets the current mtime (`Store.reuse`)."""
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return False
-        if st.st_size and time.time() - st.st_mtime < RECENT_S:
+        if not st.st_size:
+            return False
+        age = time.time() - st.st_mtime
+        if age < RECENT_S:
             with self._unsynced_lock:
                 self._unsynced.add(os.fspath(path))
-        return st.st_size > 0
+        elif freshen and age > FRESHEN_AFTER_S and not self.readonly:
+            with contextlib.suppress(OSError):  # not ours to touch: a shared store's other owner
+                os.utime(path)
+        return True
+
+    def reuse(self, key: str) -> bool:
+        check_key(key)
+        return self._present(f"{self.root}/objects/{key[:2]}/{key[2:]}", freshen=True)
 
     def flush(self) -> None:
         """Sync the objects written (or found just written) since the last flush."""
@@ -242,7 +257,7 @@ class LocalStore(Store):
         """A copied object (`Store.put_stored`), synced as it is named; an empty file a power cut
         left under its name is replaced (any writer of a key writes the same bytes)."""
         path = self._object_path(key)
-        if not self._present(path):
+        if not self._present(path, freshen=True):
             self._atomic_write(path, stored)
 
     def has(self, key: str) -> bool:
@@ -343,7 +358,7 @@ class LocalStore(Store):
                 sink.close()
             key = digest.hexdigest()
             final = self._object_path(key)
-            if not self._present(final):
+            if not self._present(final, freshen=True):
                 self._commit(staged, final)
         return KnownFile(BlobRef(sha256=key, size=total), binary)
 

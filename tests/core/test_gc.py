@@ -4,13 +4,16 @@ grace period protects what is being written, and what cannot be read stops the s
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from flaketriage.bundle import REF_PREFIX, BundleSummary, list_bundles, verify_bundle, write_bundle
-from flaketriage.manifest import FileEntry, Manifest, Source
-from flaketriage.store import Store
+from flaketriage.manifest import BlobRef, FileEntry, Manifest, Source
+from flaketriage.store import LocalStore, Store
 from flaketriage.store.gc import collect
 
 MakeManifest = Callable[..., Manifest]
@@ -114,3 +117,46 @@ def test_file_lists_and_the_files_they_list_are_kept(store: Store, make_manifest
     report = collect(store, older_than=TTL, grace=timedelta(0), apply=True)
     assert report.objects == [] and report.kept_objects == 5
     assert verify_bundle(store, bundle_id).problems == []
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_an_old_object_a_capture_reuses_is_young_again_for_a_concurrent_sweep(
+    tmp_path: Path, make_manifest: MakeManifest
+) -> None:
+    # Nobody references the object any more (its bundle was dropped); a new capture stores the same
+    # bytes, and a collection runs before that capture's manifest is written. Without the refresh
+    # (git's "freshen") the old mtime would let the sweep delete what the new bundle names.
+    store = LocalStore(tmp_path / "store")
+    key = _key(store, b"the same dataset")
+    path = store._object_path(key)
+    _age(path, 2 * 3600)
+    assert _key(store, b"the same dataset") == key  # reused: nothing written
+    report = collect(store, older_than=TTL, grace=timedelta(hours=1), apply=True)
+    assert report.objects == [] and report.skipped_young == 1 and store.has(key)
+    bundle = write_bundle(store, make_manifest(attachments={"data": BlobRef(sha256=key, size=16)}))
+    assert verify_bundle(store, bundle).ok
+
+
+def test_a_file_the_stat_cache_knows_refreshes_its_object_too(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.state.margin_ns = 0  # the file may be recorded as soon as it is read
+    source = tmp_path / "data.bin"
+    source.write_bytes(b"x" * 100_000)
+    first = store.put_file(source)
+    path = store._object_path(first.sha256)
+    _age(path, 2 * 3600)
+    assert store.put_file(source) == first  # from the stat cache: the file is not read again
+    assert time.time() - path.stat().st_mtime < 60
+
+
+def test_a_read_only_store_and_a_plain_check_leave_ages_alone(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    key = _key(store, b"old bytes")
+    path = store._object_path(key)
+    _age(path, 2 * 3600)
+    assert store.has(key) and LocalStore(tmp_path / "store", readonly=True).reuse(key)
+    assert time.time() - path.stat().st_mtime > 3600
