@@ -6,7 +6,9 @@
   starts a triage of that bundle.
 * ``issues`` labelled ``flaketriage`` triage the bundles the issue names, and
   ``issue_comment`` with ``/flaketriage triage <bundle-id>`` triages that bundle; the result is
-  commented back on the issue.
+  commented back on the issue. A comment asks only when its author may: an owner, member or
+  collaborator of the repository (GitHub's ``author_association``), as labels can only be set by
+  those with triage access; anyone else's command is acknowledged, ignored and said so.
 * Everything else (``ping`` included) is acknowledged and ignored.
 
 Payloads are read leniently (GitHub adds fields all the time) but what is used is type-checked.
@@ -23,6 +25,8 @@ from flaketriage.orchestrator.payloads import Parsed, field_of
 from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
 
 LABEL = "flaketriage"
+COMMANDERS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
+"""The ``author_association`` values whose ``/flaketriage`` comments are obeyed."""
 COMMAND = re.compile(r"^\s*/flaketriage\s+triage\s+([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
 
 
@@ -143,6 +147,16 @@ def _comment(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
     idents = [m.group(1).lower() for m in COMMAND.finditer(body)]
     if not idents:
         return Parsed(handled=False)
+    association = field_of(payload, "comment.author_association", required=False)
+    if association not in COMMANDERS:
+        author = field_of(payload, "comment.user.login", required=False) or "the author"
+        return Parsed(
+            handled=False,
+            notes=[
+                f"/flaketriage ignored: {author} is {str(association or 'unknown').lower()} on this "
+                "repository; an owner, member or collaborator may ask"
+            ],
+        )
     target = _issue_target(payload)
     found, missing = resolve_bundles(idents, policy, trigger="always", extra={"requested_by": target})
     return Parsed(handled=True, sightings=[_replying(s, target) for s in found], notes=missing)

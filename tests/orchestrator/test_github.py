@@ -306,6 +306,34 @@ def test_a_comment_without_the_command_is_ignored(
     assert response.status_code == 200 and response.json()["outcome"] == "ignored"
 
 
+@pytest.mark.parametrize("association", ["NONE", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", None])
+def test_a_triage_comment_from_outside_the_repository_is_ignored_and_said_so(
+    receiver: Receiver, captured: Captured, load_payload: Load, association: str | None
+) -> None:
+    data = _comment(load_payload, f"/flaketriage triage {captured.key_error[:12]}")
+    if association is None:
+        del data["comment"]["author_association"]
+    else:
+        data["comment"]["author_association"] = association
+
+    response = receiver.github("issue_comment", data)
+
+    assert response.status_code == 200 and response.json()["outcome"] == "ignored"
+    [note] = response.json()["notes"]
+    assert "Codertocat is" in note and "collaborator may ask" in note
+    assert receiver.works() == [] and receiver.sender.sent == []
+
+
+@pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR"])
+def test_a_triage_comment_from_the_repository_is_obeyed(
+    receiver: Receiver, captured: Captured, load_payload: Load, association: str
+) -> None:
+    data = _comment(load_payload, f"/flaketriage triage {captured.key_error[:12]}")
+    data["comment"]["author_association"] = association
+    assert receiver.github("issue_comment", data).status_code == 202
+    assert [w.bundle_id for w in receiver.works()] == [captured.key_error]
+
+
 def test_a_triage_comment_for_a_missing_bundle_says_so(receiver: Receiver, load_payload: Load) -> None:
     response = receiver.github("issue_comment", _comment(load_payload, f"/flaketriage triage {MISSING}"))
 
