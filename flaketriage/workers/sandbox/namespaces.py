@@ -174,12 +174,16 @@ class Namespaces:
             return _probes[key]
 
     def _probe(self) -> bool:
+        # The probe runs this interpreter, bound back like a replay's when it lives under /tmp (a
+        # checkout or virtualenv there): hidden by the private /tmp, it could not start at all.
+        exe = Path(sys.executable)
+        environment = exe.parent.parent if exe.parent.name == "bin" else exe.parent
         try:
             with tempfile.TemporaryDirectory(prefix="flaketriage-ns-probe-") as scratch:
                 done = subprocess.run(
                     [sys.executable, "-S", "-c", "open('probe', 'w').write('ok')"],
                     cwd=scratch,
-                    preexec_fn=self.preexec(Path(scratch), Path(scratch), ()),
+                    preexec_fn=self.preexec(Path(scratch), Path(scratch), (environment,)),
                     capture_output=True,
                     check=False,
                     timeout=30,
