@@ -133,7 +133,9 @@ def test_time_limit_kills_and_removes_the_container(sandbox: DockerSandbox, tmp_
     )
     assert result.timed_out and result.limit == "timeout"
     assert result.stdout == "started\n"  # what came before the kill is kept
-    assert result.duration_s < 30
+    # Well under the 120 s sleep: killed at its limit (the engine's own calls, slow on a loaded
+    # machine, take the rest, the container's removal included).
+    assert result.duration_s < 60
 
 
 def test_memory_limit_is_a_memory_breach(sandbox: DockerSandbox, tmp_path: Path) -> None:

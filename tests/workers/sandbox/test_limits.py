@@ -179,7 +179,9 @@ def test_eating_memory(bundle: Bundle, sandbox: Sandbox, token: str) -> None:
 def test_outliving_the_time_limit(bundle: Bundle, sandbox: Sandbox, token: str) -> None:
     result = _replay(bundle, sandbox, "hang", token)
     _assert_stopped(result, "timeout", token)
-    assert result.process.timed_out and result.process.duration_s < TIMEOUT_S + 20
+    # The run would sleep 600 s: ending within a minute of its limit proves the kill; the rest is
+    # the engine's own calls (a container's kill, wait and removal), slow on a loaded machine.
+    assert result.process.timed_out and result.process.duration_s < TIMEOUT_S + 60
 
 
 def test_the_worker_survives_and_replays_again(bundle: Bundle, sandbox: Sandbox, token: str) -> None:
