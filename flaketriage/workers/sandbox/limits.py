@@ -17,11 +17,13 @@ import resource
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from flaketriage import reaper
 from flaketriage.child_process import Limit, ProcessResult, run_command
 from flaketriage.workers.sandbox.base import SandboxSpec, readable_paths
 from flaketriage.workers.sandbox.cgroup import Cgroup, Controller
-from flaketriage.workers.sandbox.namespaces import PRIVATE_TMP, Namespaces
+from flaketriage.workers.sandbox.namespaces import PRIVATE_TMP, Namespaces, interpreter_environment
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,11 @@ def _isolation(spec: SandboxSpec) -> Callable[[], None] | None:
     """The child's part of the process sandbox's namespaces: the most this process can make here."""
     full = Namespaces(network=not spec.network, files=True)
     if full.usable():
-        return full.preexec(spec.workspace.resolve(), spec.cwd, readable_paths(spec, [PRIVATE_TMP]))
+        # The run's own paths, and the reaper's: it starts inside the namespaces, as this
+        # interpreter running flaketriage's reaper script, both perhaps under the private /tmp.
+        own = [interpreter_environment(), Path(reaper.__file__).resolve().parent]
+        readable = [*readable_paths(spec, [PRIVATE_TMP]), *(p for p in own if PRIVATE_TMP in p.parents)]
+        return full.preexec(spec.workspace.resolve(), spec.cwd, readable)
     say_once(
         "the process sandbox cannot make a mount namespace here (not root, and user namespaces are "
         "off), so its replays may write outside their workspace; install bubblewrap or use the docker "

@@ -176,14 +176,12 @@ class Namespaces:
     def _probe(self) -> bool:
         # The probe runs this interpreter, bound back like a replay's when it lives under /tmp (a
         # checkout or virtualenv there): hidden by the private /tmp, it could not start at all.
-        exe = Path(sys.executable)
-        environment = exe.parent.parent if exe.parent.name == "bin" else exe.parent
         try:
             with tempfile.TemporaryDirectory(prefix="flaketriage-ns-probe-") as scratch:
                 done = subprocess.run(
                     [sys.executable, "-S", "-c", "open('probe', 'w').write('ok')"],
                     cwd=scratch,
-                    preexec_fn=self.preexec(Path(scratch), Path(scratch), (environment,)),
+                    preexec_fn=self.preexec(Path(scratch), Path(scratch), (interpreter_environment(),)),
                     capture_output=True,
                     check=False,
                     timeout=30,
@@ -191,6 +189,13 @@ class Namespaces:
                 return done.returncode == 0 and Path(scratch, "probe").read_text() == "ok"
         except (OSError, subprocess.SubprocessError):
             return False
+
+
+def interpreter_environment() -> Path:
+    """This interpreter's environment (a virtualenv's root when it sits in ``bin/``): what a child
+    running it must still read when a private /tmp covers it."""
+    exe = Path(sys.executable)
+    return exe.parent.parent if exe.parent.name == "bin" else exe.parent
 
 
 _probes: dict[tuple[bool, bool], bool] = {}

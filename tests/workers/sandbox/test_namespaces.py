@@ -1,10 +1,13 @@
-"""The process sandbox's namespaces, probed from an interpreter that lives under /tmp (a checkout
-or virtualenv there, as CI clones often are): the private /tmp must not hide the probe's own
-interpreter, or the sandbox would wrongly decide it cannot isolate anything."""
+"""The process sandbox's namespaces when flaketriage and its interpreter live under /tmp (a checkout
+or virtualenv there, as CI clones often are): the private /tmp must hide neither the probe's own
+interpreter (the sandbox would wrongly decide it cannot isolate anything) nor what the replay's
+reaper runs (this interpreter and flaketriage's reaper script)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -35,3 +38,47 @@ def test_an_interpreter_under_tmp_probes_as_this_one_does(tmp_path: Path) -> Non
     assert Path(executable).parent.parent == environment
     assert usable == str(Namespaces(network=True, files=True).usable())
     assert sys.executable != executable
+
+
+RUN = """
+import json, sys
+from pathlib import Path
+import flaketriage
+from flaketriage.workers.sandbox import ProcessSandbox, SandboxSpec
+from flaketriage.workers.sandbox.namespaces import Namespaces
+workspace = Path(sys.argv[1])
+code = "import os; open('out.txt', 'w').write('written'); print(os.path.exists(%r))" % sys.argv[2]
+spec = SandboxSpec(argv=[sys.executable, "-c", code], workspace=workspace, cwd=workspace,
+                   env={"PATH": "/usr/bin:/bin"}, timeout_s=60.0)
+result = ProcessSandbox().run(spec)
+print(json.dumps({"package": flaketriage.__file__, "exit": result.exit_code, "out": result.stdout,
+                  "err": result.stderr, "isolated": Namespaces(network=True, files=True).usable()}))
+"""
+
+
+def test_a_replay_runs_when_flaketriage_and_its_interpreter_live_under_tmp(tmp_path: Path) -> None:
+    environment = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(environment)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        ROOT / "flaketriage", checkout / "flaketriage", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    elsewhere = tmp_path / "only-outside.txt"
+    elsewhere.write_text("under the real /tmp")
+    # -S: site-packages come from PYTHONPATH only, without the .pth files of this checkout's
+    # editable install, which would import flaketriage from here instead of from the copy.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), *site.getsitepackages()])}
+    done = subprocess.run(
+        [str(environment / "bin" / "python"), "-S", "-c", RUN, str(workspace), str(elsewhere)],
+        capture_output=True, text=True, env=env, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert Path(report["package"]).is_relative_to(checkout)
+    assert (report["exit"], report["err"]) == (0, ""), report
+    assert (workspace / "out.txt").read_text() == "written"
+    # Isolated (this machine can make the namespaces): the private /tmp hides what lies under the real one.
+    hidden = str(Namespaces(network=True, files=True).usable())
+    assert (report["isolated"], report["out"].strip()) == (hidden == "True", str(hidden != "True"))
