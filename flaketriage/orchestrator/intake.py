@@ -123,9 +123,6 @@ def cause_key(kind: str, exception_type: str | None, message: str | None) -> str
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# The deliveries are inserted first: a repeated one (recorded before, or by a concurrent transaction)
-# is the one the unique index skips, found without a query whose plan could go wrong on a table
-# the planner has no statistics of yet. Their outcome until work is asked for: recorded or ignored.
 _ACCEPTED = {
     name: update(Delivery).where(id_in).values(outcome=IntakeOutcome.ACCEPTED.value)
     for name, id_in in one_of(Delivery.id, "ids").items()
@@ -372,7 +369,12 @@ def _add_deliveries(
     conn: Connection, items: Sequence[Item], now: datetime
 ) -> dict[tuple[str, str], tuple[int, dict[str, Any]]]:
     """Insert the deliveries of `items` not recorded yet, in one statement: their ids and rows, by
-    source and id (a delivery repeated within `items` is inserted once, for the first)."""
+    source and id (a delivery repeated within `items` is inserted once, for the first).
+
+    The deliveries are inserted first: a repeated one (recorded before, or by a concurrent
+    transaction) is the one the unique index skips, found without a query whose plan could go wrong
+    on a table the planner has no statistics of yet. Their outcome until work is asked for:
+    recorded or ignored (`_ACCEPTED` marks those that started work)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for source, delivery_id, kind, sightings in items:
         outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED

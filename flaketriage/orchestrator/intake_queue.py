@@ -22,7 +22,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
 
@@ -36,7 +36,7 @@ class Pending:
     delivery_id: str
     kind: str
     sightings: Sequence[Sighting]
-    future: Future[IntakeResult] | asyncio.Future[IntakeResult] = field(default_factory=Future)
+    future: Future[IntakeResult] | asyncio.Future[IntakeResult]
 
 
 class IntakeQueue:

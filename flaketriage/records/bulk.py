@@ -74,13 +74,10 @@ def insert_rows(
         sql = _unnest_insert(table, columns, tuple(returning), _optional(skip_conflicts_on))
         result = conn.exec_driver_sql(sql, _arrays(table, columns, rows, conn))
         return [tuple(row) for row in result] if returning else []
-    statement: Any
-    if skip_conflicts_on is not None and conn.dialect.name == "sqlite":
-        statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=list(skip_conflicts_on))
-    elif skip_conflicts_on is not None:
-        raise NotImplementedError(f"skipping conflicts on {conn.dialect.name}")
-    else:
-        statement = table.insert()
+    # SQLite: the only other backend `Database` opens.
+    statement: Any = sqlite.insert(table)
+    if skip_conflicts_on is not None:
+        statement = statement.on_conflict_do_nothing(index_elements=list(skip_conflicts_on))
     if returning:
         result = conn.execute(statement.returning(*(table.c[c] for c in returning)), list(rows))
         return [tuple(row) for row in result]

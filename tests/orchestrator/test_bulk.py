@@ -44,11 +44,7 @@ def test_insert_skips_conflicts_and_returns_what_it_inserted(database: Database)
     assert sorted((s, d) for _, s, d in second) == [("events", "d-3"), ("github", "d-1")]
     with database.session() as session:
         rows = session.execute(select(Delivery.id, Delivery.source, Delivery.delivery_id)).all()
-    assert sorted(tuple(r) for r in rows) == sorted([*first_ids(first), *second])
-
-
-def first_ids(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
-    return [(id_, "events", d) for id_, d in rows]
+    assert sorted(tuple(r) for r in rows) == sorted([*((id_, "events", d) for id_, d in first), *second])
 
 
 def test_json_datetimes_and_nulls_read_back_as_the_orm_writes_them(database: Database) -> None:

@@ -183,8 +183,7 @@ def _isolation(spec: SandboxSpec) -> Callable[[], None] | None:
         # The run's own paths, and the reaper's: it starts inside the namespaces, as this
         # interpreter running flaketriage's reaper script, both perhaps under the private /tmp.
         own = [interpreter_environment(), Path(reaper.__file__).resolve().parent]
-        readable = [*readable_paths(spec, [PRIVATE_TMP]), *(p for p in own if PRIVATE_TMP in p.parents)]
-        return full.preexec(spec.workspace.resolve(), spec.cwd, readable)
+        return full.preexec(spec.workspace.resolve(), spec.cwd, [*readable_paths(spec, [PRIVATE_TMP]), *own])
     say_once(
         "the process sandbox cannot make a mount namespace here (not root, and user namespaces are "
         "off), so its replays may write outside their workspace; install bubblewrap or use the docker "
