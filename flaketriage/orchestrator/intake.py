@@ -32,6 +32,7 @@ from flaketriage.normalize import normalize_message
 from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
 from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.bulk import insert_rows, one_of
+from flaketriage.records.database import deferred
 from flaketriage.records.models import utc_now
 from flaketriage.work import Queue, Step
 
@@ -97,6 +98,8 @@ def _storable(sighting: Sighting) -> Sighting:
     """`sighting` as the columns hold it (JSON columns keep NUL as ``\\u0000``, so provenance stays)."""
     return replace(
         sighting,
+        fingerprint=_column_text(sighting.fingerprint),
+        cause_key=_optional_text(sighting.cause_key),
         title=_column_text(sighting.title)[:500],
         test_id=_optional_text(sighting.test_id),
         job=_optional_text(sighting.job),
@@ -247,9 +250,10 @@ class Intake:
             batch.create_new(conn)  # the cases have their ids from here on
             outgoing = self._start(conn, [d for d in deliveries if d is not None])
             accepted = [d.id for d in deliveries if d is not None and d.work]
-            if accepted:
-                conn.execute(_ACCEPTED[conn.dialect.name], {"ids": accepted})
-            batch.write_back(conn)
+            with deferred(conn):  # nothing reads these back: they go with the COMMIT
+                if accepted:
+                    conn.execute(_ACCEPTED[conn.dialect.name], {"ids": accepted})
+                batch.write_back(conn)
         results = [
             IntakeResult(IntakeOutcome.DUPLICATE)
             if d is None

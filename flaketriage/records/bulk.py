@@ -3,16 +3,18 @@
 SQLAlchemy writes a batch of rows as one ``INSERT ... VALUES (...), (...), ...``: a statement whose
 text grows with the batch, so the driver parses and converts it anew every time (for the receiver's
 batches, a third of its recording time went to psycopg reading its own query text). On PostgreSQL
-these functions send every column as one array instead and let the server take them apart with
-``unnest``:
+these functions send the rows as one JSON document instead and let the server take it apart with
+``json_to_recordset``:
 
     INSERT INTO deliveries (source, delivery_id, ...)
-    SELECT * FROM unnest(%(source)b::text[], %(delivery_id)b::text[], ...)
+    SELECT v.source, v.delivery_id, ... FROM json_to_recordset(%(rows)s::json)
+        AS v(source text, delivery_id text, ...)
     ON CONFLICT (source, delivery_id) DO NOTHING RETURNING id, source, delivery_id
 
-one text per table and shape, which psycopg converts once and prepares on the server, the way
-high-volume PostgreSQL writers batch (COPY does not return ids or skip conflicts). On other
-databases (SQLite, the embedded default) they run SQLAlchemy's statements as before.
+one text per table and shape, which psycopg prepares on the server once, and one parameter, a string
+that Python's C JSON encoder writes (psycopg's array adapters, one Python call per value, cost the
+receiver more than the statements' own execution). COPY does not return ids or skip conflicts. On
+other databases (SQLite, the embedded default) they run SQLAlchemy's statements as before.
 
 Rows come back in no particular order: a caller that needs to know which id is whose asks for a
 unique column beside it (``returning=("id", "fingerprint")``).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -43,15 +46,17 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.types import ARRAY, TypeDecorator, TypeEngine
 
-_POSTGRES_ARRAYS: tuple[tuple[type[TypeEngine[Any]], str], ...] = (
+_POSTGRES_TYPES: tuple[tuple[type[TypeEngine[Any]], str], ...] = (
     # Text of any length: an explicit cast to varchar(n) would cut a longer value without a word,
     # where the column's own type refuses it.
     (String, "text"),
     (Integer, "integer"),
     (Float, "double precision"),
     (Boolean, "boolean"),
-    (DateTime, "timestamptz"),
-    (JSON, "text"),  # serialized here as SQLAlchemy would, read back as json by the SELECT
+    (DateTime, "timestamptz"),  # ISO 8601 in the document
+    # Serialized here as SQLAlchemy would (a None is JSON's null, not SQL's NULL), carried as a
+    # string, and read back as json by the SELECT.
+    (JSON, "text"),
 )
 
 
@@ -71,8 +76,8 @@ def insert_rows(
     table = _table(model)
     columns = tuple(rows[0])
     if conn.dialect.name == "postgresql":
-        sql = _unnest_insert(table, columns, tuple(returning), _optional(skip_conflicts_on))
-        result = conn.exec_driver_sql(sql, _arrays(table, columns, rows, conn))
+        sql = _recordset_insert(table, columns, tuple(returning), _optional(skip_conflicts_on))
+        result = conn.exec_driver_sql(sql, _document(table, columns, rows, conn))
         return [tuple(row) for row in result] if returning else []
     # SQLite: the only other backend `Database` opens.
     statement: Any = sqlite.insert(table)
@@ -95,8 +100,8 @@ def update_rows(
     table = _table(model)
     columns = tuple(rows[0])
     if conn.dialect.name == "postgresql":
-        sql = _unnest_update(table, columns, key)
-        conn.exec_driver_sql(sql, _arrays(table, columns, rows, conn))
+        sql = _recordset_update(table, columns, key)
+        conn.exec_driver_sql(sql, _document(table, columns, rows, conn))
         return
     statement = (
         update(table)
@@ -128,26 +133,32 @@ def _optional(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     return None if columns is None else tuple(columns)
 
 
-def _array_type(table: Table, column: str) -> str:
+def _column_type(table: Table, column: str) -> str:
     kind = table.c[column].type
     if isinstance(kind, TypeDecorator):
         kind = kind.impl_instance
-    for base, name in _POSTGRES_ARRAYS:
+    for base, name in _POSTGRES_TYPES:
         if isinstance(kind, base):
             return name
-    raise TypeError(f"no array type for {table.name}.{column} ({kind!r})")
+    raise TypeError(f"no recordset type for {table.name}.{column} ({kind!r})")
+
+
+def _recordset(table: Table, columns: tuple[str, ...]) -> str:
+    """The rows parameter taken apart, as ``v``."""
+    fields = ", ".join(f"{c} {_column_type(table, c)}" for c in columns)
+    return f"json_to_recordset(%(rows)s::json) AS v({fields})"
+
+
+def _value(table: Table, column: str) -> str:
+    return f"v.{column}::json" if isinstance(table.c[column].type, JSON) else f"v.{column}"
 
 
 @functools.cache
-def _unnest_insert(
+def _recordset_insert(
     table: Table, columns: tuple[str, ...], returning: tuple[str, ...], conflict: tuple[str, ...] | None
 ) -> str:
-    arrays = ", ".join(f"%({c})b::{_array_type(table, c)}[]" for c in columns)
-    values = ", ".join(f"v.{c}::json" if isinstance(table.c[c].type, JSON) else f"v.{c}" for c in columns)
-    sql = (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {values} "
-        f"FROM unnest({arrays}) AS v({', '.join(columns)})"
-    )
+    values = ", ".join(_value(table, c) for c in columns)
+    sql = f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {values} FROM {_recordset(table, columns)}"
     if conflict is not None:
         sql += f" ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
     if returning:
@@ -156,32 +167,46 @@ def _unnest_insert(
 
 
 @functools.cache
-def _unnest_update(table: Table, columns: tuple[str, ...], key: str) -> str:
-    arrays = ", ".join(f"%({c})b::{_array_type(table, c)}[]" for c in columns)
-    sets = ", ".join(
-        f"{c} = v.{c}::json" if isinstance(table.c[c].type, JSON) else f"{c} = v.{c}"
-        for c in columns
-        if c != key
-    )
-    return (
-        f"UPDATE {table.name} AS t SET {sets} FROM unnest({arrays}) AS v({', '.join(columns)}) "
-        f"WHERE t.{key} = v.{key}"
-    )
+def _recordset_update(table: Table, columns: tuple[str, ...], key: str) -> str:
+    sets = ", ".join(f"{c} = {_value(table, c)}" for c in columns if c != key)
+    return f"UPDATE {table.name} AS t SET {sets} FROM {_recordset(table, columns)} WHERE t.{key} = v.{key}"
 
 
-def _arrays(
+def _document(
     table: Table, columns: tuple[str, ...], rows: Sequence[Mapping[str, Any]], conn: Connection
-) -> dict[str, list[Any]]:
-    """The rows as one list per column, each value as the column's type would bind it."""
+) -> dict[str, str]:
+    """The rows as one JSON array of objects, each value as the column's type would bind it."""
     dialect = conn.dialect
     serialize = getattr(dialect, "_json_serializer", None) or json.dumps
-    arrays: dict[str, list[Any]] = {}
+    convert: list[tuple[str, Any]] = []
     for column in columns:
         kind = table.c[column].type
-        values = [row[column] for row in rows]
         if isinstance(kind, TypeDecorator):
-            values = [kind.process_bind_param(v, dialect) for v in values]
+            convert.append((column, _decorated(kind, dialect)))
         elif isinstance(kind, JSON):
-            values = [serialize(v) for v in values]  # None too: a JSON null, as SQLAlchemy writes it
-        arrays[column] = values
-    return arrays
+            convert.append((column, serialize))  # None too: a JSON null, as SQLAlchemy writes it
+        elif isinstance(kind, DateTime):
+            convert.append((column, _iso))
+    if not convert:
+        return {"rows": json.dumps(rows if isinstance(rows, list) else list(rows))}
+    out = []
+    for row in rows:
+        row = dict(row)
+        for column, fn in convert:
+            row[column] = fn(row[column])
+        out.append(row)
+    return {"rows": json.dumps(out)}
+
+
+def _decorated(kind: TypeDecorator[Any], dialect: Any) -> Any:
+    inner = kind.impl_instance
+
+    def convert(value: Any) -> Any:
+        value = kind.process_bind_param(value, dialect)
+        return _iso(value) if isinstance(inner, DateTime) else value
+
+    return convert
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value

@@ -23,6 +23,8 @@ from flaketriage.errors import ConfigError, RecordsError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK = 0x46_54_52_47  # "FTRG": one schema upgrade at a time on PostgreSQL
+_PIPELINE = "flaketriage.pipeline"
+_DEFERRED = "flaketriage.deferred"
 PING_AFTER_IDLE_S = 1.0
 """A pooled PostgreSQL connection idle longer than this is pinged before use (a server restart, a
 proxy or a firewall may have dropped it meanwhile); one in steady use is not: that spares the
@@ -87,6 +89,7 @@ class Database:
             for when in ("connect", "checkin"):
                 event.listen(self.engine, when, _mark_idle)
             event.listen(self.engine, "checkout", self._ping_if_idle)
+            event.listen(self.engine, "after_cursor_execute", _answer_now)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def __repr__(self) -> str:
@@ -115,9 +118,14 @@ class Database:
     def transaction(self) -> Iterator[Connection]:
         """A connection in a transaction that commits when the block ends and rolls back on an error:
         for SQL statements without the ORM's bookkeeping (the receiver's hot path). Database errors
-        become `RecordsError`, as in `session`."""
+        become `RecordsError`, as in `session`.
+
+        On PostgreSQL the transaction runs in psycopg's pipeline mode, to spare round trips: BEGIN
+        travels with the first statement, and the statements of a `deferred` block travel with the
+        next statement whose result is read, or with the COMMIT. Every other statement is answered
+        before `execute` returns, as it would be without a pipeline."""
         try:
-            with self.engine.begin() as conn:
+            with self.engine.connect() as conn, _pipelined(conn, self.safe_url), conn.begin():
                 yield conn
         except SQLAlchemyError as exc:
             raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
@@ -168,6 +176,62 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+@contextlib.contextmanager
+def deferred(conn: Connection) -> Iterator[None]:
+    """Statements in the block whose results nobody reads (no rows, no rowcount): in a
+    `Database.transaction` on PostgreSQL they are sent at once and answered together with the next
+    statement that is read, or with the COMMIT, in one round trip; an error in one is raised there,
+    and the transaction rolls back as a whole. SQL text with a RETURNING clause does not belong in
+    the block (SQLAlchemy's own statements that return rows are answered at once). Elsewhere,
+    statements run as usual."""
+    outer = conn.info.get(_DEFERRED, False)
+    conn.info[_DEFERRED] = True
+    try:
+        yield
+    finally:
+        conn.info[_DEFERRED] = outer
+
+
+@contextlib.contextmanager
+def _pipelined(conn: Connection, safe_url: str) -> Iterator[None]:
+    """`conn` in psycopg's pipeline mode for the block, on PostgreSQL where libpq has it."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    import psycopg
+
+    if not psycopg.Pipeline.is_supported():
+        yield
+        return
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    try:
+        with driver.pipeline() as pipeline:
+            conn.info[_PIPELINE] = pipeline
+            try:
+                yield
+            finally:
+                conn.info.pop(_PIPELINE, None)
+    except psycopg.Error as exc:
+        # Entering or leaving pipeline mode failed (statements fail inside SQLAlchemy, which says
+        # so in its own errors): the connection is not fit to go back to the pool.
+        conn.invalidate()
+        raise RecordsError(f"the database at {safe_url} failed: {_first_line(exc)}") from exc
+
+
+def _answer_now(conn: Connection, _cursor: Any, _sql: str, _params: Any, context: Any, _many: bool) -> None:
+    """After a statement in a pipeline: wait for its answer (and those of the statements sent before
+    it), so that SQLAlchemy reads its result as without a pipeline; unless it is `deferred` and
+    returns nothing (SQLAlchemy's INSERT of one row reads its new key back: that one is answered
+    now, deferred or not)."""
+    pipeline = conn.info.get(_PIPELINE)
+    if pipeline is None:
+        return
+    compiled = getattr(context, "compiled", None)
+    if not conn.info.get(_DEFERRED) or (compiled is not None and compiled.effective_returning):
+        pipeline.sync()
 
 
 def _mark_idle(_dbapi_connection: Any, record: Any) -> None:

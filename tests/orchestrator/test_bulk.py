@@ -140,4 +140,4 @@ def test_postgresql_sends_one_statement_text_for_every_batch_size(postgres_datab
     finally:
         event.remove(postgres_database.engine, "before_cursor_execute", remember)
     inserts = {s for s in seen if s.startswith("INSERT")}
-    assert len(inserts) == 1 and "unnest(" in next(iter(inserts))
+    assert len(inserts) == 1 and "json_to_recordset(" in next(iter(inserts))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -303,13 +304,17 @@ def test_text_with_nul_characters_is_recorded_on_every_backend(
     """PostgreSQL text cannot hold NUL; a message that has one is still a failure to record, not a 503."""
     event = captured.event(captured.value_error)
     failure = event.failure.model_copy(update={"message": "bad\x00batch", "test_id": "tests/t.py::t\x00"})
-    event = event.model_copy(update={"failure": failure})
+    event = event.model_copy(update={"failure": failure, "fingerprint": "\x00f\x00"})
+    again = event.model_copy(update={"event_id": uuid.uuid4().hex})
 
     response = receiver.post_event(event)
+    second = receiver.post_event(again)
 
     assert response.status_code == 202, response.text
-    [case] = receiver.cases()
+    assert second.status_code in (200, 202), second.text
+    [case] = receiver.cases()  # the same fingerprint, NUL and all, is the same case
     assert "\x00" not in case.title and "\x00" not in (case.test_id or "")
+    assert case.fingerprint == "\ufffdf\ufffd" and case.occurrences == 2
 
 
 def test_a_long_run_url_is_recorded(receiver: Receiver, captured: Captured) -> None:

@@ -1,0 +1,106 @@
+"""`Database.transaction` in psycopg's pipeline mode on PostgreSQL: statements read as they would be
+without it, `deferred` ones answered with the COMMIT in one round trip, an error in a deferred
+statement rolls the whole transaction back; on SQLite the same calls behave the same."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from sqlalchemy import func, insert, select, update
+
+from flaketriage.errors import RecordsError
+from flaketriage.records import Database, Delivery
+from flaketriage.records.database import deferred
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _row(n: int) -> dict[str, object]:
+    return {
+        "source": "events",
+        "delivery_id": f"d-{n}",
+        "kind": "k",
+        "outcome": "recorded",
+        "received_at": NOW,
+    }
+
+
+def _count(database: Database) -> int:
+    with database.session() as session:
+        return int(session.scalar(select(func.count()).select_from(Delivery)) or 0)
+
+
+def test_deferred_writes_commit_and_later_reads_see_them(database: Database) -> None:
+    with database.transaction() as conn:
+        ids = conn.execute(insert(Delivery).returning(Delivery.id), [_row(1)]).scalars().all()
+        with deferred(conn):
+            conn.execute(insert(Delivery), [_row(2), _row(3)])
+            conn.execute(update(Delivery).where(Delivery.id == ids[0]).values(outcome="accepted"))
+        # Read after the deferred block: answered together with them, and sees them.
+        assert conn.execute(select(func.count()).select_from(Delivery)).scalar() == 3
+        with deferred(conn):
+            conn.execute(update(Delivery).values(kind="done"))
+    with database.session() as session:
+        rows = session.execute(select(Delivery.delivery_id, Delivery.outcome, Delivery.kind)).all()
+    assert sorted(tuple(r) for r in rows) == [
+        ("d-1", "accepted", "done"),
+        ("d-2", "recorded", "done"),
+        ("d-3", "recorded", "done"),
+    ]
+
+
+def test_an_error_in_a_deferred_statement_rolls_back_everything(database: Database) -> None:
+    with pytest.raises(RecordsError, match="failed") as caught, database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(1)])
+        with deferred(conn):
+            conn.execute(insert(Delivery), [_row(2)])
+            conn.execute(insert(Delivery), [_row(2)])  # the same delivery twice: unique violation
+    assert "IntegrityError" in type(caught.value.__cause__).__name__
+    assert _count(database) == 0
+    # The pool's connection is fit for the next transaction.
+    with database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(3)])
+    assert _count(database) == 1
+
+
+def test_deferred_statements_wait_for_no_answer_of_their_own(
+    postgres_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL: every statement read is one sync of the pipeline; deferred ones add none."""
+    syncs: list[int] = []
+    original = psycopg.Pipeline.sync
+
+    def counting(self: psycopg.Pipeline) -> None:
+        syncs.append(1)
+        original(self)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counting)
+    with postgres_database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(1)])
+        assert len(syncs) == 1
+        with deferred(conn):
+            for n in range(2, 6, 2):
+                conn.execute(insert(Delivery), [_row(n), _row(n + 1)])
+            conn.execute(update(Delivery).values(kind="done"))
+        assert len(syncs) == 1
+        with deferred(conn):  # one row: SQLAlchemy reads its new key back, so it is answered now
+            result = conn.execute(insert(Delivery), [_row(9)])
+        assert len(syncs) == 2 and result.inserted_primary_key is not None
+    assert _count(postgres_database) == 6
+
+
+def test_a_lost_connection_is_a_records_error_and_the_next_transaction_works(
+    postgres_database: Database,
+) -> None:
+    with pytest.raises(RecordsError, match="failed"), postgres_database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(1)])
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with postgres_database.engine.connect() as other:
+            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
+        with deferred(conn):
+            conn.execute(insert(Delivery), [_row(2)])
+    with postgres_database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(3)])
+    assert _count(postgres_database) == 1
