@@ -104,3 +104,16 @@ def test_a_lost_connection_is_a_records_error_and_the_next_transaction_works(
     with postgres_database.transaction() as conn:
         conn.execute(insert(Delivery), [_row(3)])
     assert _count(postgres_database) == 1
+
+
+def test_without_pipeline_support_deferred_statements_run_as_usual(
+    postgres_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A libpq without pipeline mode: the same transaction, each statement answered as it runs."""
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    with postgres_database.transaction() as conn:
+        assert conn.connection.driver_connection._pipeline is None  # type: ignore[union-attr]
+        with deferred(conn):
+            conn.execute(insert(Delivery), [_row(1), _row(2)])
+        assert conn.execute(select(func.count()).select_from(Delivery)).scalar() == 2
+    assert _count(postgres_database) == 2
