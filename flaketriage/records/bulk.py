@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -187,6 +188,8 @@ def _document(
             convert.append((column, serialize))  # None too: a JSON null, as SQLAlchemy writes it
         elif isinstance(kind, DateTime):
             convert.append((column, _iso))
+        elif isinstance(kind, Float):
+            convert.append((column, _float))
     if not convert:
         return {"rows": json.dumps(rows if isinstance(rows, list) else list(rows))}
     out = []
@@ -210,3 +213,11 @@ def _decorated(kind: TypeDecorator[Any], dialect: Any) -> Any:
 
 def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _float(value: Any) -> Any:
+    """A float as the document carries it: JSON has no NaN or infinities, PostgreSQL reads them
+    from text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value

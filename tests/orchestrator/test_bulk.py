@@ -4,13 +4,14 @@ every batch size."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import event, select
 
 from flaketriage.errors import RecordsError
-from flaketriage.records import Case, Database, Delivery, Occurrence, Work
+from flaketriage.records import Case, Database, Delivery, Occurrence, ReplayRow, Work
 from flaketriage.records.bulk import insert_rows, one_of, update_rows
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -71,6 +72,28 @@ def test_json_datetimes_and_nulls_read_back_as_the_orm_writes_them(database: Dat
         assert work is not None and work.options == {}
         # A None in a JSON column is JSON's null, as SQLAlchemy writes it: read back as None too.
         assert work.result is None
+
+
+def test_floats_that_json_cannot_hold_are_written_too(database: Database) -> None:
+    with database.transaction() as conn:
+        ((case_id,),) = insert_rows(conn, Case, [_case("f")], returning=("id",))
+        ((work_id,),) = insert_rows(conn, Work, [
+            {"key": "k", "case_id": case_id, "bundle_id": None, "store_url": None, "step": "triage",
+             "queue": "cpu", "status": "queued", "attempts": 0, "batch": 0, "options": {}, "result": None,
+             "created_at": NOW, "sent_at": NOW},
+        ], returning=("id",))  # fmt: skip
+        durations = [1.5, math.nan, math.inf, -math.inf, None]
+        insert_rows(conn, ReplayRow, [
+            {"work_id": work_id, "idx": i, "batch": 0, "duration_s": d, "created_at": NOW}
+            for i, d in enumerate(durations)
+        ])  # fmt: skip
+    with database.session() as session:
+        read = session.scalars(select(ReplayRow.duration_s).order_by(ReplayRow.idx)).all()
+    assert read[0] == 1.5 and read[2:] == [math.inf, -math.inf, None]
+    if database.is_sqlite:  # SQLite has no NaN: it stores NULL, through SQLAlchemy's own statement too
+        assert read[1] is None
+    else:
+        assert read[1] is not None and math.isnan(read[1])
 
 
 def test_update_sets_the_listed_rows_only(database: Database) -> None:
