@@ -27,6 +27,13 @@ def _row(n: int) -> dict[str, object]:
     }
 
 
+def _next_transaction_works(database: Database) -> None:
+    """The pool's connection (or its replacement) is fit for the next transaction."""
+    with database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(9)])
+    assert _count(database) == 1
+
+
 def _count(database: Database) -> int:
     with database.session() as session:
         return int(session.scalar(select(func.count()).select_from(Delivery)) or 0)
@@ -59,10 +66,7 @@ def test_an_error_in_a_deferred_statement_rolls_back_everything(database: Databa
             conn.execute(insert(Delivery), [_row(2)])  # the same delivery twice: unique violation
     assert "IntegrityError" in type(caught.value.__cause__).__name__
     assert _count(database) == 0
-    # The pool's connection is fit for the next transaction.
-    with database.transaction() as conn:
-        conn.execute(insert(Delivery), [_row(3)])
-    assert _count(database) == 1
+    _next_transaction_works(database)
 
 
 def test_deferred_statements_wait_for_no_answer_of_their_own(
@@ -99,11 +103,9 @@ def test_a_lost_connection_is_a_records_error_and_the_next_transaction_works(
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
         with postgres_database.engine.connect() as other:
             other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
-        with deferred(conn):
-            conn.execute(insert(Delivery), [_row(2)])
-    with postgres_database.transaction() as conn:
-        conn.execute(insert(Delivery), [_row(3)])
-    assert _count(postgres_database) == 1
+        with deferred(conn):  # two rows: nothing read back, the lost connection shows at COMMIT
+            conn.execute(insert(Delivery), [_row(2), _row(3)])
+    _next_transaction_works(postgres_database)
 
 
 def test_without_pipeline_support_deferred_statements_run_as_usual(
