@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from flaketriage.ci.source import SourceLimits
 from flaketriage.git import Git
 from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
-from flaketriage.workers.replay import ReplayContext, Replayer
+from flaketriage.workers.replay import SITECUSTOMIZE_DIR, ReplayContext, Replayer
 from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox
 from flaketriage.workers.verdict import Outcome
 
@@ -64,6 +65,29 @@ def test_replay_gets_recorded_seeds_and_deterministic_settings(tmp_path: Path, s
     lines = result.process.stdout.splitlines()
     assert lines[0] == f"seed {manifest.seeds.python_hash_seed} cublas :4096:8"
     assert lines[1] == "torch [('use_deterministic_algorithms', True, True)] True False"
+
+
+REAL_TORCH_JOB = """
+import sys
+import torch
+print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+print("torch._dynamo" in sys.modules)
+from torch._inductor import config
+print(config.deterministic)
+"""
+
+
+def test_a_real_torch_is_made_deterministic_without_loading_dynamo_until_the_program_does() -> None:
+    """torch.use_deterministic_algorithms imports Inductor's config, and with it TorchDynamo
+    (seconds): the replay sets the eager switch at once and Inductor's when the program loads it."""
+    pytest.importorskip("torch")
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SITECUSTOMIZE_DIR)}
+    done = subprocess.run(
+        [sys.executable, "-c", REAL_TORCH_JOB], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True True", "False", "True"]
 
 
 def test_each_replay_starts_from_a_clean_copy(tmp_path: Path, sandbox: Sandbox) -> None:

@@ -20,9 +20,26 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _inductor_deterministic(config):  # type: ignore[no-untyped-def]
+    config.deterministic = True
+
+
+def _use_deterministic_algorithms(torch):  # type: ignore[no-untyped-def]
+    """``torch.use_deterministic_algorithms(True, warn_only=True)``, without its import of
+    ``torch._inductor.config``: that import loads TorchDynamo, seconds of every replay of a program
+    that never compiles. The eager switch is set now and Inductor's as soon as the program imports
+    it (what the public call sets, in this torch and older ones without that import)."""
+    setter = getattr(getattr(torch, "_C", None), "_set_deterministic_algorithms", None)
+    if setter is None or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    setter(True, warn_only=True)
+    sys.meta_path.insert(0, _ModuleWatcher("torch._inductor.config", _inductor_deterministic))
+
+
 def _make_torch_deterministic(torch):  # type: ignore[no-untyped-def]
     try:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _use_deterministic_algorithms(torch)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     except Exception as exc:  # a partial or exotic torch build must not break the replay
@@ -70,24 +87,30 @@ def _on_torch(torch):  # type: ignore[no-untyped-def]
         _start_torch_profile(torch, _TORCH_PROFILE)
 
 
-class _TorchWatcher:
-    """A meta path finder (duck-typed) that sees the program's own ``import torch``."""
+class _ModuleWatcher:
+    """A meta path finder (duck-typed) that sees the program's own import of one module and calls
+    ``then(module)`` once the module has run."""
+
+    def __init__(self, name, then):  # type: ignore[no-untyped-def]
+        self.name = name
+        self.then = then
 
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         import importlib.util
 
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         original_exec = loader.exec_module
+        then = self.then
 
         def exec_module(module):  # type: ignore[no-untyped-def]
             original_exec(module)
-            _on_torch(module)
+            then(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -124,7 +147,7 @@ if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1" or _TORCH_PROFILE:
     if "torch" in sys.modules:
         _on_torch(sys.modules["torch"])
     else:
-        sys.meta_path.insert(0, _TorchWatcher())
+        sys.meta_path.insert(0, _ModuleWatcher("torch", _on_torch))
 if os.environ.get("FLAKETRIAGE_HANG_DUMP") == "1":
     _register_hang_dump()
 _chain_next_sitecustomize()
