@@ -22,15 +22,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from flaketriage.guards.activations import cuda_ready
 from flaketriage.guards.checks import Trip
-from flaketriage.manifest import DataInput
 from flaketriage.replay_env import in_replay
-from flaketriage.store import Store
+
+if TYPE_CHECKING:
+    # Imported where a trip is recorded: the manifest's pydantic costs about half a second of every
+    # guarded run's start, and of every replay of one (which never records).
+    from flaketriage.manifest import DataInput
+    from flaketriage.store import Store
 
 log = logging.getLogger("flaketriage.guards")
 
@@ -111,7 +115,7 @@ class Recorder:
         self.started = time.monotonic()
 
     def store(self) -> Store:
-        from flaketriage.store import open_store
+        from flaketriage.store import Store, open_store
 
         where = self.capture.store
         if isinstance(where, Store):
