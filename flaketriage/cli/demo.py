@@ -104,8 +104,10 @@ def _write_project(root: Path, rows: int = 400, poisoned: int = 137) -> None:
             git.run([*author, *args], root)
 
 
-def _flaketriage(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLAKETRIAGE_STORE": str(root / ".flaketriage")}
+def _flaketriage(
+    root: Path, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(extra_env or {}), "FLAKETRIAGE_STORE": str(root / ".flaketriage")}
     return subprocess.run(
         [sys.executable, "-m", "flaketriage", *args],
         cwd=root,
@@ -163,6 +165,9 @@ def run_demo(keep: bool = True) -> Path:
             "-p",
             "no:cacheprovider",
             "test_flaky.py",
+            # The test needs no plugin: those installed here (some take seconds to load) stay out
+            # of its runs, and the capture records this for its replays (about 20 of them).
+            extra_env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
         result = _last_json(cap, "capture")
         if result["bundle"]:
