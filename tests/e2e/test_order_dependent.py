@@ -44,8 +44,12 @@ def _pytest(project: Any) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "PYTEST_"))}
     env.pop("CI", None)
     env["FLAKETRIAGE_STORE"] = str(project.store)
+    # Of the plugins installed here only flaketriage's, by its entry point: the others (schemathesis,
+    # hypothesis...) take seconds to load, in this run and in every replay (the bundles record this
+    # environment for them).
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--flaketriage", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-p", "flaketriage", "--flaketriage", "-p", "no:cacheprovider"],
         cwd=project.root,
         env=env,
         capture_output=True,
