@@ -51,9 +51,25 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+@pytest.fixture
+def only_our_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest loads flaketriage's plugin alone (`run` names it): the other plugins installed here
+    (schemathesis, hypothesis...) take seconds to load, in every run and in every replay of a
+    bundle it captures (the bundle records this environment), for tests that start many."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
 def run(pytester: pytest.Pytester, store_dir: Path, *args: str) -> pytest.RunResult:
+    # ``-p flaketriage``: the plugin by its entry point, also where autoloading is off.
     return pytester.runpytest_subprocess(
-        "--flaketriage", f"--flaketriage-store={store_dir}", "-p", "no:cacheprovider", *args, timeout=120
+        "-p",
+        "flaketriage",
+        "--flaketriage",
+        f"--flaketriage-store={store_dir}",
+        "-p",
+        "no:cacheprovider",
+        *args,
+        timeout=120,
     )
 
 
@@ -241,6 +257,7 @@ def test_strict_xpass():
 """
 
 
+@pytest.mark.usefixtures("only_our_plugin")
 @pytest.mark.parametrize(("env", "flags"), [({}, ()), ({"CI": "true"}, ("-v",))])
 def test_every_failure_shape_replays_as_a_reproduction(
     pytester: pytest.Pytester,
@@ -313,6 +330,7 @@ def test_victim():
 }
 
 
+@pytest.mark.usefixtures("only_our_plugin")
 def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, store_dir: Path) -> None:
     pytester.makepyfile(**ORDER_SUITE)
     assert run(pytester, store_dir).ret == 1
@@ -330,6 +348,7 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
     assert search["oracle_calls"] <= 2 * 3.17 + 5
 
 
+@pytest.mark.usefixtures("only_our_plugin")
 def test_flaky_test_is_quarantined_and_then_does_not_fail_the_build(
     pytester: pytest.Pytester, store_dir: Path
 ) -> None:
@@ -463,6 +482,7 @@ def service() -> Iterator[_QuarantineService]:
         running.stop()
 
 
+@pytest.mark.usefixtures("only_our_plugin")
 def test_quarantine_from_the_service_then_from_its_cache_when_unreachable(
     pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch, service: _QuarantineService
 ) -> None:
