@@ -1,11 +1,13 @@
 """The cases one batch of deliveries reads and writes, in a few statements whatever the batch holds.
 
-`CaseBatch.load` reads every case the batch sights in one statement (locked on PostgreSQL), and
-what the intake's rules may read besides: the storm leaders those cases follow, and per cause the
-first case outside the batch that leads a storm. The rules then change the rows in memory. A case
-the batch creates has no id until it is written: it gets a provisional one (negative, in the order
-the batch first sights the new cases), and `create_new` inserts it once, as the rules left it, its
-real id following the same order. `write_back` adds the occurrences and updates what changed.
+`CaseBatch.load` reads, in one round trip, every case the batch sights (locked on PostgreSQL) and
+per cause the first case outside the batch that leads a storm; on PostgreSQL it also takes an id
+from the cases' sequence for each failure that has no case yet. The storm leaders that sighted
+cases follow, when there are any, are read after. The rules then change the rows in memory. A case
+the batch creates gets a provisional id (negative, in the order the batch first sights the new
+cases), and `create_new` inserts it once, as the rules left it, its real id following the same
+order (the reserved ids, or those the INSERT gives on SQLite). `write_back` adds the occurrences and
+updates what changed.
 
 The rules see what a query would see had every change so far been written: the batch's own rows as
 they are in memory, the others as read (no other writer changes them meanwhile: the batch's are
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
 
 from flaketriage.records import Case, CaseStatus, Occurrence
 from flaketriage.records.bulk import insert_rows, one_of, update_rows
+from flaketriage.records.database import Query, deferred, fetch_together
 
 _STATE = (
     Case.id,
@@ -58,8 +61,13 @@ class CaseRow:
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> CaseRow:
-        """The case in `row`, a row of the `_STATE` columns, as stored."""
+        """The case in `row`, a row of the `_STATE` columns (as SQLAlchemy or the driver reads
+        it), as stored."""
         case = cls(*row)
+        # The driver's timestamps are in the session's zone; SQLAlchemy's are UTC already.
+        if case.last_triage_at is not None:
+            case.last_triage_at = case.last_triage_at.astimezone(UTC)
+        case.last_seen = case.last_seen.astimezone(UTC)
         case.stored = case.changes()
         return case
 
@@ -101,10 +109,20 @@ _FIRST_LEADERS = {
         )
     )
     for (name, cause_in), batch_in in zip(
-        one_of(Case.cause_key, "causes").items(), one_of(Case.id, "batch").values(), strict=True
+        one_of(Case.cause_key, "causes").items(),
+        one_of(Case.fingerprint, "fingerprints").values(),
+        strict=True,
     )
 }
-"""Per cause, the first case outside the batch that leads a storm since ``since``."""
+"""Per cause, the first case outside the batch (not one of its fingerprints) that leads a storm
+since ``since``."""
+_RESERVE_IDS = (
+    "SELECT nextval(pg_get_serial_sequence('cases', 'id')) FROM unnest(%(fingerprints)s::text[]) AS f(fp)"
+    " WHERE NOT EXISTS (SELECT 1 FROM cases WHERE cases.fingerprint = f.fp)"
+)
+"""PostgreSQL: an id for each fingerprint that has no case yet (taken from the table's sequence, as
+an INSERT would), so the new cases are written without waiting for their ids."""
+_MORE_IDS = "SELECT nextval(pg_get_serial_sequence('cases', 'id')) FROM generate_series(1, %(n)s)"
 
 
 @dataclass(frozen=True)
@@ -136,17 +154,37 @@ class CaseBatch:
     by_cause: dict[str, list[CaseRow]] = field(default_factory=dict)
     """The sighted cases by cause, existing ones by id, then the new ones: the order of their ids."""
     occurrences: list[tuple[CaseRow, dict[str, Any]]] = field(default_factory=list)
+    reserved: list[int] | None = None
+    """PostgreSQL: ids taken for the cases to create, ascending (None: the INSERT gives them)."""
 
     @classmethod
     def load(
-        cls, conn: Connection, first: Mapping[str, NewCase], now: datetime, storm_window: timedelta
-    ) -> CaseBatch:
+        cls,
+        conn: Connection,
+        first: Mapping[str, NewCase],
+        now: datetime,
+        storm_window: timedelta,
+        *,
+        along: Sequence[Query] = (),
+    ) -> tuple[CaseBatch, list[list[tuple[Any, ...]]]]:
         """The cases of the failures in `first` (what each is created with, if new), locked; with
-        the leaders they follow, and the storm candidates outside the batch within `storm_window`."""
-        found: dict[str, CaseRow] = {}
-        if first:
-            rows = conn.execute(_LOCK_CASES[conn.dialect.name], {"fingerprints": sorted(first)})
-            found = {row.fingerprint: CaseRow.of(row) for row in rows}
+        the leaders they follow, and the storm candidates outside the batch within `storm_window`.
+        The reads go in one round trip (`fetch_together`), after `along`, whose rows come back too."""
+        dialect = conn.dialect.name
+        fingerprints = {"fingerprints": sorted(first)}
+        causes = sorted({made.cause_key for made in first.values() if made.cause_key is not None})
+        reads = [Query(_LOCK_CASES[dialect], fingerprints)]
+        leaders = storm_window > timedelta(0) and bool(causes)
+        if leaders:
+            reads.append(Query(_FIRST_LEADERS[dialect], _candidates(causes, first, now - storm_window)))
+        reserve = dialect == "postgresql"
+        if reserve:
+            reads.append(Query(_RESERVE_IDS, fingerprints))
+        if not first:
+            return cls(now=now, sighted={}, by_id={}, new={}), fetch_together(conn, along)
+        answers = fetch_together(conn, [*along, *reads])
+        given, answers = answers[: len(along)], answers[len(along) :]
+        found = {case.fingerprint: case for case in map(CaseRow.of, answers[0])}
         new: dict[int, NewCase] = {}
         sighted: dict[str, CaseRow] = {}
         for fingerprint, made in first.items():
@@ -156,28 +194,30 @@ class CaseBatch:
                 new[case.id] = made
             sighted[fingerprint] = case
         batch = cls(now=now, sighted=sighted, by_id={c.id: c for c in sighted.values()}, new=new)
-        batch._load_leaders(conn, storm_window)
-        return batch
+        followed = {c.storm_of for c in sighted.values() if c.storm_of is not None} - batch.by_id.keys()
+        if followed:  # a storm's follower sighted again: its leader, read now
+            for row in fetch_together(conn, [Query(_READ_CASES[dialect], {"ids": sorted(followed)})])[0]:
+                batch.by_id[row[0]] = CaseRow.of(row)
+        if reserve:
+            batch.reserved = sorted(int(row[0]) for row in answers[-1])
+        batch._add_leaders(conn, storm_window, answers[1] if leaders else [], set(causes))
+        return batch, given
 
-    def _load_leaders(self, conn: Connection, storm_window: timedelta) -> None:
-        followed = {c.storm_of for c in self.sighted.values() if c.storm_of is not None} - self.by_id.keys()
-        if followed:
-            for row in conn.execute(_READ_CASES[conn.dialect.name], {"ids": sorted(followed)}):
-                self.by_id[row.id] = CaseRow.of(row)
+    def _add_leaders(
+        self, conn: Connection, storm_window: timedelta, rows: list[tuple[Any, ...]], asked: set[str]
+    ) -> None:
         if storm_window <= timedelta(0):
             return
         for case in sorted(self.sighted.values(), key=_id_order):
             if case.cause_key is not None:
                 self.by_cause.setdefault(case.cause_key, []).append(case)
-        if not self.by_cause:
-            return
-        candidates = {
-            "causes": sorted(self.by_cause),
-            "batch": sorted(c.id for c in self.sighted.values() if c.id > 0),
-            "since": self.now - storm_window,
-        }
-        for row in conn.execute(_FIRST_LEADERS[conn.dialect.name], candidates):
-            leader = self.by_id.setdefault(row.id, CaseRow.of(row))
+        missing = sorted(self.by_cause.keys() - asked)
+        if missing:  # a case stored with another cause than its sighting's: asked for now
+            since = self.now - storm_window
+            query = Query(_FIRST_LEADERS[conn.dialect.name], _candidates(missing, self.sighted, since))
+            rows = rows + fetch_together(conn, [query])[0]
+        for row in rows:
+            leader = self.by_id.setdefault(row[0], CaseRow.of(row))
             self.outside_leaders[str(leader.cause_key)] = leader
 
     def is_new(self, case: CaseRow) -> bool:
@@ -228,8 +268,15 @@ class CaseBatch:
                 }
                 | {k: v for k, v in case.stored.items() if k != "id"}
             )
-        created = insert_rows(conn, Case, rows, returning=("id", "fingerprint"))
-        ids = {fingerprint: id_ for id_, fingerprint in created}
+        if self.reserved is None:
+            created = insert_rows(conn, Case, rows, returning=("id", "fingerprint"))
+            ids = {fingerprint: id_ for id_, fingerprint in created}
+        else:
+            ids = dict(
+                zip((row["fingerprint"] for row in rows), self._take_ids(conn, len(rows)), strict=True)
+            )
+            with deferred(conn):  # nothing to read back: the ids are known
+                insert_rows(conn, Case, [row | {"id": ids[row["fingerprint"]]} for row in rows])
         real = {provisional: ids[made.fingerprint] for provisional, made in self.new.items()}
         for case in cases:
             case.id = real[case.id]
@@ -241,10 +288,25 @@ class CaseBatch:
         self.by_id = {case.id: case for case in self.by_id.values()}
         self.new = {}
 
+    def _take_ids(self, conn: Connection, count: int) -> list[int]:
+        """`count` reserved ids, in order; more from the sequence if a case was created meanwhile
+        (then inserting it fails, and the intake tries the batch again)."""
+        assert self.reserved is not None
+        if len(self.reserved) < count:
+            more = fetch_together(conn, [Query(_MORE_IDS, {"n": count - len(self.reserved)})])[0]
+            self.reserved += sorted(int(row[0]) for row in more)
+        taken, self.reserved = self.reserved[:count], self.reserved[count:]
+        return taken
+
     def write_back(self, conn: Connection) -> None:
         """Insert the occurrences and update the cases that changed since read or created."""
         insert_rows(conn, Occurrence, [row | {"case_id": case.id} for case, row in self.occurrences])
         update_rows(conn, Case, [c.changes() for c in self.sighted.values() if c.changes() != c.stored])
+
+
+def _candidates(causes: Sequence[str], fingerprints: Mapping[str, Any], since: datetime) -> dict[str, Any]:
+    """The parameters of `_FIRST_LEADERS`."""
+    return {"causes": list(causes), "fingerprints": sorted(fingerprints), "since": since}
 
 
 def _provisional(provisional_id: int, made: NewCase, now: datetime) -> CaseRow:

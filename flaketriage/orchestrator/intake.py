@@ -31,7 +31,7 @@ from flaketriage.errors import RecordsError
 from flaketriage.normalize import normalize_message
 from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
 from flaketriage.records import CaseStatus, Database, Delivery
-from flaketriage.records.bulk import insert_rows, one_of
+from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import deferred
 from flaketriage.records.models import utc_now
 from flaketriage.work import Queue, Step
@@ -228,9 +228,25 @@ class Intake:
         """One transaction of a few statements, whatever the batch holds: the rules run on the rows
         in memory (`CaseBatch`), and what they wrote goes back in a statement or two per table."""
         now = self.clock()
+        rows = _delivery_rows(items, now)
         with self.database.transaction() as conn:
-            new = _add_deliveries(conn, items, now)
-            batch = CaseBatch.load(conn, _first_sightings(items), now, self.storm_window)
+            # The deliveries are inserted first: a repeated one (recorded before, or by a concurrent
+            # transaction) is the one the unique index skips, found without a query whose plan
+            # could go wrong on a table the planner has no statistics of yet. In the same round trip
+            # as the cases' reads.
+            along = []
+            if rows:
+                along.append(
+                    insert_query(
+                        conn,
+                        Delivery,
+                        list(rows.values()),
+                        returning=("id", "source", "delivery_id"),
+                        skip_conflicts_on=("source", "delivery_id"),
+                    )
+                )
+            batch, given = CaseBatch.load(conn, _first_sightings(items), now, self.storm_window, along=along)
+            new = {(src, did): (id_, rows[src, did]) for written in given for id_, src, did in written}
             deliveries: list[_Delivery | None] = []
             for source, delivery_id, _, sightings in items:
                 added = new.pop((source, delivery_id), None)
@@ -369,16 +385,10 @@ def _first_sightings(items: Sequence[Item]) -> dict[str, NewCase]:
     return first
 
 
-def _add_deliveries(
-    conn: Connection, items: Sequence[Item], now: datetime
-) -> dict[tuple[str, str], tuple[int, dict[str, Any]]]:
-    """Insert the deliveries of `items` not recorded yet, in one statement: their ids and rows, by
-    source and id (a delivery repeated within `items` is inserted once, for the first).
-
-    The deliveries are inserted first: a repeated one (recorded before, or by a concurrent
-    transaction) is the one the unique index skips, found without a query whose plan could go wrong
-    on a table the planner has no statistics of yet. Their outcome until work is asked for:
-    recorded or ignored (`_ACCEPTED` marks those that started work)."""
+def _delivery_rows(items: Sequence[Item], now: datetime) -> dict[tuple[str, str], dict[str, Any]]:
+    """The rows of the deliveries in `items`, by source and id (a delivery repeated within `items`
+    once, the first). Their outcome until work is asked for: recorded or ignored (`_ACCEPTED` marks
+    those that started work)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for source, delivery_id, kind, sightings in items:
         outcome = IntakeOutcome.RECORDED if sightings else IntakeOutcome.IGNORED
@@ -392,13 +402,4 @@ def _add_deliveries(
                 "received_at": now,
             },
         )
-    if not rows:
-        return {}
-    inserted = insert_rows(
-        conn,
-        Delivery,
-        list(rows.values()),
-        returning=("id", "source", "delivery_id"),
-        skip_conflicts_on=("source", "delivery_id"),
-    )
-    return {(source, delivery_id): (id_, rows[source, delivery_id]) for id_, source, delivery_id in inserted}
+    return rows

@@ -26,7 +26,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -46,6 +46,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.types import ARRAY, TypeDecorator, TypeEngine
+
+from flaketriage.records.database import Query
+from flaketriage.records.models import UTCDateTime
 
 _POSTGRES_TYPES: tuple[tuple[type[TypeEngine[Any]], str], ...] = (
     # Text of any length: an explicit cast to varchar(n) would cut a longer value without a word,
@@ -74,21 +77,36 @@ def insert_rows(
     `returning` columns of the rows inserted, in no particular order."""
     if not rows:
         return []
+    query = insert_query(conn, model, rows, returning=returning, skip_conflicts_on=skip_conflicts_on)
+    params: Any = query.params
+    if isinstance(query.statement, str):
+        result = conn.exec_driver_sql(query.statement, params)
+    else:
+        result = conn.execute(query.statement, params)
+    return [tuple(row) for row in result] if returning else []
+
+
+def insert_query(
+    conn: Connection,
+    model: type[Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    returning: Sequence[str] = (),
+    skip_conflicts_on: Sequence[str] | None = None,
+) -> Query:
+    """The statement `insert_rows` runs, to run with others (`fetch_together`); `rows` not empty."""
     table = _table(model)
     columns = tuple(rows[0])
     if conn.dialect.name == "postgresql":
         sql = _recordset_insert(table, columns, tuple(returning), _optional(skip_conflicts_on))
-        result = conn.exec_driver_sql(sql, _document(table, columns, rows, conn))
-        return [tuple(row) for row in result] if returning else []
+        return Query(sql, _document(table, columns, rows, conn))
     # SQLite: the only other backend `Database` opens.
     statement: Any = sqlite.insert(table)
     if skip_conflicts_on is not None:
         statement = statement.on_conflict_do_nothing(index_elements=list(skip_conflicts_on))
     if returning:
-        result = conn.execute(statement.returning(*(table.c[c] for c in returning)), list(rows))
-        return [tuple(row) for row in result]
-    conn.execute(statement, list(rows))
-    return []
+        statement = statement.returning(*(table.c[c] for c in returning))
+    return Query(statement, list(rows))
 
 
 def update_rows(
@@ -176,12 +194,17 @@ def _recordset_update(table: Table, columns: tuple[str, ...], key: str) -> str:
 def _document(
     table: Table, columns: tuple[str, ...], rows: Sequence[Mapping[str, Any]], conn: Connection
 ) -> dict[str, str]:
-    """The rows as one JSON array of objects, each value as the column's type would bind it."""
+    """The rows as one JSON array of objects, each value as the column's type would bind it.
+
+    UTC timestamps (`UTCDateTime`, every timestamp of ours) are written by the encoder's `default`
+    hook as it meets them, so a row whose other columns need nothing is not copied."""
     dialect = conn.dialect
     serialize = getattr(dialect, "_json_serializer", None) or json.dumps
     convert: list[tuple[str, Any]] = []
     for column in columns:
         kind = table.c[column].type
+        if isinstance(kind, UTCDateTime):
+            continue  # `_utc_iso`, by the encoder
         if isinstance(kind, TypeDecorator):
             convert.append((column, _decorated(kind, dialect)))
         elif isinstance(kind, JSON):
@@ -191,14 +214,21 @@ def _document(
         elif isinstance(kind, Float):
             convert.append((column, _float))
     if not convert:
-        return {"rows": json.dumps(rows if isinstance(rows, list) else list(rows))}
+        return {"rows": json.dumps(rows if isinstance(rows, list) else list(rows), default=_utc_iso)}
     out = []
     for row in rows:
         row = dict(row)
         for column, fn in convert:
             row[column] = fn(row[column])
         out.append(row)
-    return {"rows": json.dumps(out)}
+    return {"rows": json.dumps(out, default=_utc_iso)}
+
+
+def _utc_iso(value: Any) -> str:
+    """A `UTCDateTime` value in the document: a naive one is UTC, as that type binds it."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
+    raise TypeError(f"{type(value).__name__} is not a value of any column type written in bulk")
 
 
 def _decorated(kind: TypeDecorator[Any], dialect: Any) -> Any:

@@ -8,15 +8,18 @@ database to the newest revision and is safe to call from several processes at on
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DisconnectionError, SQLAlchemyError
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql import Executable
 
 from flaketriage.dependencies import require
 from flaketriage.errors import ConfigError, RecordsError
@@ -192,6 +195,72 @@ def deferred(conn: Connection) -> Iterator[None]:
         yield
     finally:
         conn.info[_DEFERRED] = outer
+
+
+@dataclass(frozen=True)
+class Query:
+    """A statement to run with others (`fetch_together`): a Core statement, or SQL text in the
+    driver's style (psycopg's ``%(name)s``), with its parameters (a list of them: many rows)."""
+
+    statement: Executable | str
+    params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+
+
+def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tuple[Any, ...]]]:
+    """Run `queries` in order and return the rows of each (empty for a statement that returns none).
+
+    In a `Database.transaction` on PostgreSQL they are sent at once and answered in one round trip
+    (with any `deferred` statement before them): the driver's rows, without SQLAlchemy's type
+    processing (a timestamp comes in the session's zone; parameters go to the driver as given, one
+    row each). An error in one is raised as SQLAlchemy raises it (an ``IntegrityError`` stays one)
+    and the transaction rolls back as a whole. Elsewhere each runs through SQLAlchemy, one after
+    another."""
+    pipeline = conn.info.get(_PIPELINE)
+    if pipeline is None:
+        return [_rows(conn, query) for query in queries]
+    import psycopg
+
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    cursors: list[psycopg.Cursor[Any]] = []
+    sql = ""
+    try:
+        for query in queries:
+            sql, bound = _driver_sql(query.statement, conn.dialect)
+            cursor = driver.cursor()
+            params = query.params
+            if not isinstance(params, Mapping):
+                raise TypeError("fetch_together sends one row of parameters a statement to PostgreSQL")
+            cursor.execute(sql, {**bound, **params} if bound else params)
+            cursors.append(cursor)
+        pipeline.sync()
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+    except psycopg.Error as exc:
+        if conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):  # type: ignore[arg-type]
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, None, exc, psycopg.Error, hide_parameters=True) from exc
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
+def _rows(conn: Connection, query: Query) -> list[tuple[Any, ...]]:
+    params: Any = query.params
+    if isinstance(query.statement, str):
+        result = conn.exec_driver_sql(query.statement, params)
+    else:
+        result = conn.execute(query.statement, params)
+    return [tuple(row) for row in result] if result.returns_rows else []
+
+
+@functools.lru_cache(maxsize=64)
+def _driver_sql(statement: Executable | str, dialect: Dialect) -> tuple[str, dict[str, Any]]:
+    """`statement` as the driver's SQL text, with the values bound in it (a Core statement is
+    compiled once per dialect)."""
+    if isinstance(statement, str):
+        return statement, {}
+    compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    return str(compiled), {k: v for k, v in compiled.params.items() if v is not None}
 
 
 @contextlib.contextmanager

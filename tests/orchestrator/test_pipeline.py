@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from flaketriage.errors import RecordsError
 from flaketriage.records import Database, Delivery
-from flaketriage.records.database import deferred
+from flaketriage.records.bulk import insert_query
+from flaketriage.records.database import Query, deferred, fetch_together
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -37,6 +39,18 @@ def _next_transaction_works(database: Database) -> None:
 def _count(database: Database) -> int:
     with database.session() as session:
         return int(session.scalar(select(func.count()).select_from(Delivery)) or 0)
+
+
+def _counted_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    syncs: list[int] = []
+    original = psycopg.Pipeline.sync
+
+    def counting(self: psycopg.Pipeline) -> None:
+        syncs.append(1)
+        original(self)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counting)
+    return syncs
 
 
 def test_deferred_writes_commit_and_later_reads_see_them(database: Database) -> None:
@@ -73,14 +87,7 @@ def test_deferred_statements_wait_for_no_answer_of_their_own(
     postgres_database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On PostgreSQL: every statement read is one sync of the pipeline; deferred ones add none."""
-    syncs: list[int] = []
-    original = psycopg.Pipeline.sync
-
-    def counting(self: psycopg.Pipeline) -> None:
-        syncs.append(1)
-        original(self)
-
-    monkeypatch.setattr(psycopg.Pipeline, "sync", counting)
+    syncs = _counted_syncs(monkeypatch)
     with postgres_database.transaction() as conn:
         conn.execute(insert(Delivery), [_row(1)])
         assert len(syncs) == 1
@@ -119,3 +126,60 @@ def test_without_pipeline_support_deferred_statements_run_as_usual(
             conn.execute(insert(Delivery), [_row(1), _row(2)])
         assert conn.execute(select(func.count()).select_from(Delivery)).scalar() == 2
     assert _count(postgres_database) == 2
+
+
+def test_queries_fetched_together_read_as_one_at_a_time(database: Database) -> None:
+    """Core statements and driver SQL, with rows or without, in order: each one's rows."""
+    with database.transaction() as conn:
+        written = insert_query(conn, Delivery, [_row(1), _row(2)], returning=("delivery_id",))
+        count = select(func.count()).select_from(Delivery)
+        mark = update(Delivery).where(Delivery.delivery_id == "d-1").values(outcome="accepted")
+        answers = fetch_together(
+            conn, [written, Query(count, {}), Query(mark, {}), Query(select(Delivery.outcome), {})]
+        )
+    assert sorted(answers[0]) == [("d-1",), ("d-2",)]
+    assert answers[1] == [(2,)]
+    assert answers[2] == []
+    assert sorted(answers[3]) == [("accepted",), ("recorded",)]
+
+
+def test_on_postgresql_queries_fetched_together_are_one_round_trip(
+    postgres_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs = _counted_syncs(monkeypatch)
+    with postgres_database.transaction() as conn:
+        with deferred(conn):
+            conn.execute(insert(Delivery), [_row(1), _row(2)])
+        queries = [
+            Query("SELECT count(*) FROM deliveries", {}),
+            Query(select(Delivery.delivery_id).where(Delivery.delivery_id == "d-2"), {}),
+            Query("SELECT %(n)s::int + 1", {"n": 41}),
+        ]
+        assert fetch_together(conn, queries) == [[(2,)], [("d-2",)], [(42,)]]
+        assert len(syncs) == 1
+
+
+def test_an_error_in_queries_fetched_together_rolls_back_everything(database: Database) -> None:
+    """A unique violation among them is SQLAlchemy's IntegrityError (the intake tries its batch
+    again on one); nothing of the transaction stays; the connection serves the next one."""
+    with pytest.raises(RecordsError, match="failed") as caught, database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(1)])
+        fetch_together(
+            conn,
+            [Query(select(func.count()).select_from(Delivery), {}), insert_query(conn, Delivery, [_row(1)])],
+        )
+    assert isinstance(caught.value.__cause__, IntegrityError)
+    assert _count(database) == 0
+    _next_transaction_works(database)
+
+
+def test_a_connection_lost_before_queries_fetched_together_is_a_records_error(
+    postgres_database: Database,
+) -> None:
+    with pytest.raises(RecordsError, match="failed"), postgres_database.transaction() as conn:
+        conn.execute(insert(Delivery), [_row(1)])
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with postgres_database.engine.connect() as other:
+            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
+        fetch_together(conn, [Query("SELECT 1", {})])
+    _next_transaction_works(postgres_database)
