@@ -186,10 +186,22 @@ def _bundle_case(stack: Stack, prefix: str) -> dict[str, object] | None:
 
 
 def _pytest(stack: Stack, project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # flaketriage's plugin alone (by its entry point): the other plugins installed here take
+    # seconds to load, in this run and in each of the service's replays of the bundle it captures.
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_flaky.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "flaketriage",
+            "-p",
+            "no:cacheprovider",
+            "test_flaky.py",
+        ],
         cwd=project,
-        env={**stack.env, **env},
+        env={**stack.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **env},
         capture_output=True,
         text=True,
         timeout=300,
