@@ -353,9 +353,10 @@ def test_bad_setting_warns_in_the_pytest_plugin(sandbox: Sandbox, variable: str)
     value, named, accepts = PLUGIN_SETTINGS[variable]
     (sandbox.project / "test_one.py").write_text("def test_fails():\n    assert 1 == 2\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"],
+        # flaketriage's plugin alone: the other plugins installed here take seconds to load.
+        [sys.executable, "-m", "pytest", "-q", "-p", "flaketriage", "-p", "no:cacheprovider", "test_one.py"],
         cwd=sandbox.project,
-        env=sandbox.env({"FLAKETRIAGE_PYTEST": "1", variable: value}),
+        env=sandbox.env({"FLAKETRIAGE_PYTEST": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", variable: value}),
         capture_output=True,
         text=True,
         timeout=120,
