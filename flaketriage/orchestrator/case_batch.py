@@ -170,6 +170,8 @@ class CaseBatch:
         """The cases of the failures in `first` (what each is created with, if new), locked; with
         the leaders they follow, and the storm candidates outside the batch within `storm_window`.
         The reads go in one round trip (`fetch_together`), after `along`, whose rows come back too."""
+        if not first:
+            return cls(now=now, sighted={}, by_id={}, new={}), fetch_together(conn, along)
         dialect = conn.dialect.name
         fingerprints = {"fingerprints": sorted(first)}
         causes = sorted({made.cause_key for made in first.values() if made.cause_key is not None})
@@ -180,8 +182,6 @@ class CaseBatch:
         reserve = dialect == "postgresql"
         if reserve:
             reads.append(Query(_RESERVE_IDS, fingerprints))
-        if not first:
-            return cls(now=now, sighted={}, by_id={}, new={}), fetch_together(conn, along)
         answers = fetch_together(conn, [*along, *reads])
         given, answers = answers[: len(along)], answers[len(along) :]
         found = {case.fingerprint: case for case in map(CaseRow.of, answers[0])}

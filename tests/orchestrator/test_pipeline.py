@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flaketriage.errors import RecordsError
@@ -51,6 +51,13 @@ def _counted_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(psycopg.Pipeline, "sync", counting)
     return syncs
+
+
+def _kill_backend(database: Database, conn: Connection) -> None:
+    """End the server process behind `conn`, as a server restart would."""
+    pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    with database.engine.connect() as other:
+        other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
 
 
 def test_deferred_writes_commit_and_later_reads_see_them(database: Database) -> None:
@@ -107,9 +114,7 @@ def test_a_lost_connection_is_a_records_error_and_the_next_transaction_works(
 ) -> None:
     with pytest.raises(RecordsError, match="failed"), postgres_database.transaction() as conn:
         conn.execute(insert(Delivery), [_row(1)])
-        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
-        with postgres_database.engine.connect() as other:
-            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
+        _kill_backend(postgres_database, conn)
         with deferred(conn):  # two rows: nothing read back, the lost connection shows at COMMIT
             conn.execute(insert(Delivery), [_row(2), _row(3)])
     _next_transaction_works(postgres_database)
@@ -178,8 +183,6 @@ def test_a_connection_lost_before_queries_fetched_together_is_a_records_error(
 ) -> None:
     with pytest.raises(RecordsError, match="failed"), postgres_database.transaction() as conn:
         conn.execute(insert(Delivery), [_row(1)])
-        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
-        with postgres_database.engine.connect() as other:
-            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid or 0)})")
+        _kill_backend(postgres_database, conn)
         fetch_together(conn, [Query("SELECT 1", {})])
     _next_transaction_works(postgres_database)
