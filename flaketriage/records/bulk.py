@@ -47,7 +47,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.types import ARRAY, TypeDecorator, TypeEngine
 
-from flaketriage.records.database import Query
+from flaketriage.records.database import Query, fetch
 from flaketriage.records.models import UTCDateTime
 
 _POSTGRES_TYPES: tuple[tuple[type[TypeEngine[Any]], str], ...] = (
@@ -77,13 +77,9 @@ def insert_rows(
     `returning` columns of the rows inserted, in no particular order."""
     if not rows:
         return []
-    query = insert_query(conn, model, rows, returning=returning, skip_conflicts_on=skip_conflicts_on)
-    params: Any = query.params
-    if isinstance(query.statement, str):
-        result = conn.exec_driver_sql(query.statement, params)
-    else:
-        result = conn.execute(query.statement, params)
-    return [tuple(row) for row in result] if returning else []
+    return fetch(
+        conn, insert_query(conn, model, rows, returning=returning, skip_conflicts_on=skip_conflicts_on)
+    )
 
 
 def insert_query(

@@ -217,7 +217,7 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
     another."""
     pipeline = conn.info.get(_PIPELINE)
     if pipeline is None:
-        return [_rows(conn, query) for query in queries]
+        return [fetch(conn, query) for query in queries]
     import psycopg
 
     driver = conn.connection.driver_connection
@@ -244,7 +244,8 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
             cursor.close()
 
 
-def _rows(conn: Connection, query: Query) -> list[tuple[Any, ...]]:
+def fetch(conn: Connection, query: Query) -> list[tuple[Any, ...]]:
+    """Run `query` through SQLAlchemy (a `deferred` one is not waited for): its rows, if any."""
     params: Any = query.params
     if isinstance(query.statement, str):
         result = conn.exec_driver_sql(query.statement, params)
