@@ -337,8 +337,10 @@ class Intake:
         if sighting.reply_to:
             options["reply_to"] = sighting.reply_to
         # Later sightings in this batch see the triage this one starts, as they would have seen it
-        # committed had they come one at a time.
+        # committed had they come one at a time: a case triaged itself follows no storm leader (a
+        # storm follower that a request triages leads the storms after it).
         case.status, case.last_triage_at = CaseStatus.QUEUED.value, batch.now
+        case.error, case.storm_of = None, None
         return _Triage(case, key, sighting, options)
 
     def _triage_key(

@@ -123,6 +123,26 @@ def test_a_batch_is_recorded_as_its_deliveries_one_at_a_time(
     )
 
 
+def test_a_storm_follower_a_request_triages_leads_the_cases_after_it_in_the_same_batch(
+    database: Database,
+) -> None:
+    """Failure 2 follows failure 4's storm until a request triages it: from then on it leads, so a
+    new case of the cause later in the batch follows it, as it would one delivery at a time (found
+    by the property test above)."""
+    history: list[Item] = [
+        ("events", "d0", "kind", [_sighting(2, None, "auto", 0), _sighting(4, "b1", "auto", 1)])
+    ]
+    deliveries: list[Item] = [
+        ("events", "d1", "kind", [_sighting(2, "b1", "auto", 2), _sighting(2, "b1", "always", 3)]),
+        ("github", "d0", "kind", [_sighting(0, "b1", "auto", 4)]),
+    ]
+    batched = _run(database, history, deliveries, 600, batch=True)
+    assert batched == _run(database, history, deliveries, 600, batch=False)
+    storm_of = {c["fingerprint"]: c["storm_of"] for c in batched[2]["cases"]}
+    leader = {c["fingerprint"]: c["id"] for c in batched[2]["cases"]}["failure-2"]
+    assert storm_of == {"failure-2": None, "failure-4": None, "failure-0": leader}
+
+
 @pytest.mark.parametrize("batch", [True, False], ids=["batch", "one-at-a-time"])
 def test_a_storm_leader_from_before_leads_the_cases_a_batch_triages_too(
     database: Database, batch: bool
