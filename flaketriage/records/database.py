@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import Dialect, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql import Executable
@@ -66,6 +66,9 @@ class Database:
     def __init__(self, url: str, *, echo: bool = False) -> None:
         self.url = database_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
+        # When one connection is found dead (a server restart, a network cut) the pooled ones may
+        # be too, however recently used: on PostgreSQL each is pinged at its next checkout.
+        self._lost_at = 0.0
         options: dict[str, Any] = {"echo": echo, "future": True}
         if self.is_sqlite:
             path = make_url(self.url).database
@@ -92,6 +95,7 @@ class Database:
             for when in ("connect", "checkin"):
                 event.listen(self.engine, when, _mark_idle)
             event.listen(self.engine, "checkout", self._ping_if_idle)
+            event.listen(self.engine, "handle_error", self._note_if_lost)
             event.listen(self.engine, "after_cursor_execute", _answer_now)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -109,6 +113,7 @@ class Database:
             yield session
             session.commit()
         except SQLAlchemyError as exc:
+            self._note_if_invalidated(exc)
             session.rollback()
             raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
         except BaseException:
@@ -128,21 +133,41 @@ class Database:
         next statement whose result is read, or with the COMMIT. Every other statement is answered
         before `execute` returns, as it would be without a pipeline."""
         try:
-            with self.engine.connect() as conn, _pipelined(conn, self.safe_url), conn.begin():
+            with self.engine.connect() as conn, _pipelined(conn, self), conn.begin():
                 yield conn
         except SQLAlchemyError as exc:
+            self._note_if_invalidated(exc)
             raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
 
     def _ping_if_idle(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        """SQLAlchemy's ``pool_pre_ping`` for connections idle past `PING_AFTER_IDLE_S` only: a dead
-        one is replaced by a fresh one (the pool tries the checkout again on `DisconnectionError`)."""
+        """SQLAlchemy's ``pool_pre_ping`` for connections idle past `PING_AFTER_IDLE_S`, or idle
+        since before a connection was last found dead, only: a dead one is replaced by a fresh one
+        (the pool tries the checkout again on `DisconnectionError`)."""
         idle_since = record.info.get("idle_since")
-        if idle_since is not None and time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+        if (
+            idle_since is not None
+            and idle_since > self._lost_at
+            and time.monotonic() - idle_since < PING_AFTER_IDLE_S
+        ):
             return
         try:
             self.engine.dialect.do_ping(dbapi_connection)
         except Exception as exc:
+            self.note_lost()
             raise DisconnectionError(f"the pooled connection is gone: {_first_line(exc)}") from exc
+
+    def note_lost(self) -> None:
+        """A connection was found dead: ping each pooled one at its next checkout."""
+        self._lost_at = time.monotonic()
+
+    def _note_if_lost(self, context: ExceptionContext) -> None:
+        if context.is_disconnect:
+            self.note_lost()
+
+    def _note_if_invalidated(self, exc: SQLAlchemyError) -> None:
+        """A connection our own code found dead (`fetch_together`)."""
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            self.note_lost()
 
     @property
     def safe_url(self) -> str:
@@ -236,9 +261,12 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
         pipeline.sync()
         return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
     except psycopg.Error as exc:
-        if conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):  # type: ignore[arg-type]
+        lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+        if lost:
             conn.invalidate(exc)
-        raise DBAPIError.instance(sql, None, exc, psycopg.Error, hide_parameters=True) from exc
+        raise DBAPIError.instance(
+            sql, None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=lost
+        ) from exc
     finally:
         for cursor in cursors:
             cursor.close()
@@ -265,7 +293,7 @@ def _driver_sql(statement: Executable | str, dialect: Dialect) -> tuple[str, dic
 
 
 @contextlib.contextmanager
-def _pipelined(conn: Connection, safe_url: str) -> Iterator[None]:
+def _pipelined(conn: Connection, database: Database) -> Iterator[None]:
     """`conn` in psycopg's pipeline mode for the block, on PostgreSQL where libpq has it."""
     if conn.dialect.name != "postgresql":
         yield
@@ -288,7 +316,8 @@ def _pipelined(conn: Connection, safe_url: str) -> Iterator[None]:
         # Entering or leaving pipeline mode failed (statements fail inside SQLAlchemy, which says
         # so in its own errors): the connection is not fit to go back to the pool.
         conn.invalidate()
-        raise RecordsError(f"the database at {safe_url} failed: {_first_line(exc)}") from exc
+        database.note_lost()
+        raise RecordsError(f"the database at {database.safe_url} failed: {_first_line(exc)}") from exc
 
 
 def _answer_now(conn: Connection, _cursor: Any, _sql: str, _params: Any, context: Any, _many: bool) -> None:

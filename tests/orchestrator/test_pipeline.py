@@ -4,6 +4,7 @@ statement rolls the whole transaction back; on SQLite the same calls behave the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import psycopg
@@ -186,3 +187,41 @@ def test_a_connection_lost_before_queries_fetched_together_is_a_records_error(
         _kill_backend(postgres_database, conn)
         fetch_together(conn, [Query("SELECT 1", {})])
     _next_transaction_works(postgres_database)
+
+
+def _read(database: Database) -> None:
+    _count(database)
+
+
+def _read_together(database: Database) -> None:
+    with database.transaction() as conn:
+        fetch_together(conn, [Query("SELECT 1", {})])
+
+
+def _write_deferred(database: Database) -> None:
+    with database.transaction() as conn, deferred(conn):
+        conn.execute(insert(Delivery), [_row(1), _row(2)])
+
+
+@pytest.mark.parametrize("first", [_read, _read_together, _write_deferred])
+def test_after_a_lost_connection_the_pooled_ones_are_checked_before_use(
+    postgres_database: Database, first: Callable[[Database], None]
+) -> None:
+    """A server restart kills every pooled connection: the one request that meets it first fails,
+    and none after it does, even those whose connection was used a moment before the restart."""
+    database = postgres_database
+    held = [database.engine.connect() for _ in range(3)]
+    pids = [int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() or 0) for conn in held]
+    for conn in held:
+        conn.close()
+    url = database.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as killer:  # not one of the pool's
+        for pid in pids:
+            killer.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(RecordsError, match="failed"):
+        first(database)
+    for _ in range(2):
+        with database.transaction() as conn:
+            assert fetch_together(conn, [Query("SELECT 1", {})]) == [[(1,)]]
+        database.ping()
+        assert _count(database) == 0
