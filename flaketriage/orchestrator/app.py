@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
+import anyio.from_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -426,8 +427,11 @@ def _record(
     parsed: Parsed,
     answer: Callable[[str, IntakeResult, list[str]], JSONResponse],
 ) -> JSONResponse:
-    future = service.intake_queue.submit(source, delivery, kind, parsed.sightings if parsed.handled else [])
-    return answer(source, future.result(), parsed.notes)
+    # A route that reads bundles (blocking) runs on a worker thread; the delivery is recorded
+    # through the event loop, as every other one is.
+    sightings = parsed.sightings if parsed.handled else []
+    result = anyio.from_thread.run(service.intake_queue.record, source, delivery, kind, sightings)
+    return answer(source, result, parsed.notes)
 
 
 def _validation_text(errors: Any) -> str:

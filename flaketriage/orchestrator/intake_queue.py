@@ -12,6 +12,9 @@ else waits, a delivery goes alone, at once.
 
 Writers on SQLite: one (it takes one writer at a time anyway). Requests on an event loop
 (`record`) are answered in one call into the loop per batch, not one per request.
+
+The receiver records through an `IntakeQueue` on SQLite; on PostgreSQL it records the same batches
+(`record_each`, `settle`) in a process of its own (`flaketriage.orchestrator.intake_process`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
+from flaketriage.orchestrator.intake import Intake, IntakeResult, Item, Sighting
 
 WRITERS = 2
 """Writer threads on a database that takes concurrent writers (PostgreSQL)."""
@@ -116,50 +119,65 @@ class IntakeQueue:
                 return
 
     def _write(self, batch: list[Pending]) -> None:
-        try:
-            results, outgoing = self.intake.commit_batch(
-                [(p.source, p.delivery_id, p.kind, p.sightings) for p in batch]
-            )
-        except Exception as exc:  # nothing of the batch was committed
-            if len(batch) == 1:
-                _settle([(batch[0], None, exc)])
-                return
-            for item in batch:  # one at a time: only the delivery at fault fails
-                self._write([item])
-            return
-        try:
-            self.intake.dispatcher.send(outgoing)
-        except Exception as exc:  # a `BrokerError`: committed, not handed over; all of it hears so
-            _settle([(item, None, exc) for item in batch])
-            return
-        _settle([(item, result, None) for item, result in zip(batch, results, strict=True)])
+        outcomes = record_each(self.intake, [(p.source, p.delivery_id, p.kind, p.sightings) for p in batch])
+        settle([(p.future, result, error) for p, (result, error) in zip(batch, outcomes, strict=True)])
 
 
-_Outcome = tuple[Pending, IntakeResult | None, BaseException | None]
+Outcome = tuple[IntakeResult | None, BaseException | None]
+"""A delivery's result, or the error that kept it from being recorded or its work from being sent."""
+
+Waiter = Future[IntakeResult] | asyncio.Future[IntakeResult]
+"""What a request waits on for its delivery's outcome."""
 
 
-def _settle(outcomes: list[_Outcome]) -> None:
-    """Give each delivery its result or error: in one call per event loop for those awaited there."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+def record_each(intake: Intake, items: Sequence[Item]) -> list[Outcome]:
+    """Record `items` in one transaction and send their work: each one's outcome. A batch that fails
+    is recorded again one delivery at a time, so that only the delivery at fault fails."""
+    try:
+        results, outgoing = intake.commit_batch(items)
+    except Exception as exc:  # nothing of the batch was committed
+        if len(items) == 1:
+            return [(None, exc)]
+        return [outcome for item in items for outcome in record_each(intake, [item])]
+    try:
+        intake.dispatcher.send(outgoing)
+    except Exception as exc:  # a `BrokerError`: committed, not handed over; all of it hears so
+        return [(None, exc)] * len(items)
+    return [(result, None) for result in results]
+
+
+Settled = tuple[Waiter, IntakeResult | None, BaseException | None]
+"""A waiter and its delivery's outcome."""
+
+
+def settle(outcomes: Sequence[Settled]) -> None:
+    """Give each waiter its result or error: at once for those awaited on this thread's event loop,
+    in one call per loop for those awaited on another thread's."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Settled]] = {}
     for outcome in outcomes:
-        future = outcome[0].future
+        future = outcome[0]
         if isinstance(future, asyncio.Future):
             by_loop.setdefault(future.get_loop(), []).append(outcome)
         else:
-            _resolve(outcome)
+            _resolve(*outcome)
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
     for loop, waiting in by_loop.items():
+        if loop is running:
+            _resolve_all(waiting)
+            continue
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these any more
             loop.call_soon_threadsafe(_resolve_all, waiting)
 
 
-def _resolve_all(outcomes: list[_Outcome]) -> None:
+def _resolve_all(outcomes: list[Settled]) -> None:
     for outcome in outcomes:
-        _resolve(outcome)
+        _resolve(*outcome)
 
 
-def _resolve(outcome: _Outcome) -> None:
-    item, result, error = outcome
-    future = item.future
+def _resolve(future: Waiter, result: IntakeResult | None, error: BaseException | None) -> None:
     if future.done():  # an awaiting request that was cancelled (its client went away)
         return
     if error is not None:

@@ -1,8 +1,9 @@
 """How the receiver is served: the uvicorn options and the interpreter setting the receiver runs with,
 shared by ``flaketriage serve`` and the ingest benchmark (which times what the user runs).
 
-The receiver is one process: the event loop parses, checks and answers requests, and a few writer
-threads record them (`flaketriage.orchestrator.intake_queue`). Before serving, the objects that live
+The event loop parses, checks and answers requests; deliveries are recorded beside it, by a writer
+thread on SQLite (`flaketriage.orchestrator.intake_queue`) and by a child process of the receiver's
+on PostgreSQL (`flaketriage.orchestrator.intake_process`). Before serving, the objects that live
 as long as the process (the app, its routes and models, the ORM, the Celery app) are frozen out of
 the garbage collector's generations (`gc.freeze`), as long-running CPython servers do: a full
 collection no longer walks them and no longer stops every request for tens of milliseconds (the

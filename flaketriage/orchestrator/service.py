@@ -6,11 +6,12 @@ sending side and the intake, so tests build theirs with their own database and s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flaketriage.dispatch import CelerySender, Dispatcher, TaskSender
-from flaketriage.orchestrator.intake import Intake
+from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.sightings import StorePolicy
@@ -23,6 +24,16 @@ class PingingSender(TaskSender, Protocol):
     def ping(self) -> None: ...
 
 
+class DeliveryRecorder(Protocol):
+    """What records the receiver's deliveries, on its event loop (`IntakeQueue`, `IntakeProcess`)."""
+
+    async def record(
+        self, source: str, delivery_id: str, kind: str, sightings: Sequence[Sighting]
+    ) -> IntakeResult: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Service:
     settings: Settings
@@ -32,36 +43,56 @@ class Service:
     intake: Intake
     policy: StorePolicy
     metrics: ServiceMetrics
-    intake_queue: IntakeQueue
+    intake_queue: DeliveryRecorder
 
     def close(self) -> None:
         self.intake_queue.close()
         self.database.dispose()
 
     @classmethod
-    def assemble(cls, settings: Settings, database: Database, sender: PingingSender) -> Service:
-        dispatcher = Dispatcher(
-            database,
-            sender,
-            sweep_after_s=settings.sweep_after_s,
-            replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
-        )
-        intake = Intake(
-            database,
-            dispatcher,
-            retriage_after_s=settings.retriage_after_h * 3600,
-            storm_window_s=settings.storm_window_s,
-        )
+    def assemble(
+        cls,
+        settings: Settings,
+        database: Database,
+        sender: PingingSender,
+        intake_queue: DeliveryRecorder | None = None,
+    ) -> Service:
+        """The service's parts over `database` and `sender`; deliveries are recorded by
+        `intake_queue`, by default writer threads of this process."""
+        intake = build_intake(settings, database, sender)
         return cls(
             settings=settings,
             database=database,
             sender=sender,
-            dispatcher=dispatcher,
+            dispatcher=intake.dispatcher,
             intake=intake,
             policy=StorePolicy(settings.resolved_allowed_stores()),
             metrics=ServiceMetrics(database),
-            intake_queue=IntakeQueue(intake),
+            intake_queue=IntakeQueue(intake) if intake_queue is None else intake_queue,
         )
+
+
+def build_intake(settings: Settings, database: Database, sender: TaskSender) -> Intake:
+    """The intake the settings describe, recording in `database` and sending through `sender`."""
+    dispatcher = Dispatcher(
+        database,
+        sender,
+        sweep_after_s=settings.sweep_after_s,
+        replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
+    )
+    return Intake(
+        database,
+        dispatcher,
+        retriage_after_s=settings.retriage_after_h * 3600,
+        storm_window_s=settings.storm_window_s,
+    )
+
+
+def receiver_sender(settings: Settings) -> CelerySender:
+    """How the receiver hands work to the broker: the work of a batch of deliveries goes as one
+    message, which a worker consuming the report queue (the light one, which the sweep runs on too)
+    sends on task by task."""
+    return CelerySender(sending_app(settings), fan_out_queue=Queue.REPORT.value)
 
 
 def sending_app(settings: Settings) -> Any:
@@ -82,7 +113,12 @@ def sending_app(settings: Settings) -> Any:
 def build_service(settings: Settings) -> Service:
     database = Database(settings.resolved_database_url())
     database.upgrade()
-    # The work of a batch of deliveries goes to the broker as one message, which a worker consuming
-    # the report queue (the light one, which the sweep runs on too) sends on task by task.
-    sender = CelerySender(sending_app(settings), fan_out_queue=Queue.REPORT.value)
-    return Service.assemble(settings, database, sender)
+    recorder: DeliveryRecorder | None = None
+    if database.engine.dialect.name == "postgresql":
+        # A database that takes concurrent writers: deliveries are recorded in a process of their
+        # own, beside the event loop's (`IntakeProcess`).
+        from flaketriage.orchestrator.intake_process import IntakeProcess
+
+        recorder = IntakeProcess(settings)
+        recorder.start()  # before the first request: an interpreter takes a second to start
+    return Service.assemble(settings, database, receiver_sender(settings), recorder)

@@ -13,21 +13,21 @@ import getpass
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import Redis, wait_for
 
 PG_ADMIN = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 WEBHOOK_SECRET = "e2e-webhook-secret"
@@ -40,75 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # a service still starting
-            last = exc
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-
-
-# -- Redis ---------------------------------------------------------------------------------------
-@dataclass
-class Redis:
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self._ping, 20, "redis-server")
-
-    def _ping(self) -> bool:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def restart(self) -> None:
-        """Kill and start again: it keeps nothing on disk, so every queued message is gone."""
-        self.stop()
-        self.start()
-
-
-@pytest.fixture(scope="session")
-def redis() -> Iterator[Redis]:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: run the tests through tests/run.sh, which installs it")
-    server = Redis(free_port())
-    server.start()
-    yield server
-    server.stop()
 
 
 # -- PostgreSQL behind a proxy we can cut ----------------------------------------------------------

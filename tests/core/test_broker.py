@@ -1,0 +1,62 @@
+"""`celery_config`'s Redis transport: one kept client per channel pool, against a real Redis,
+through a real Celery app; a broker restart loses the client's connection and the next publish
+works on a new one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from flaketriage.broker import celery_config, redis_transport
+from tests.conftest import Redis
+
+
+def test_redis_urls_use_the_kept_client_transport_and_tls_keeps_kombus() -> None:
+    assert celery_config("redis://h:6379/0")["broker_transport"] == "flaketriage.broker:RedisTransport"
+    assert "broker_transport" not in celery_config("rediss://h:6380/0")
+    assert celery_config("sqla+sqlite:///q.db")["broker_transport"] == "flaketriage.broker:LocalTransport"
+
+
+@pytest.fixture
+def app(redis: Redis) -> Iterator[Celery]:
+    app = Celery("ft-broker-test", set_as_current=False)
+    app.conf.update(celery_config(redis.url))
+    yield app
+    app.close()
+
+
+def _queued(redis: Redis, queue: str) -> int:
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(redis.url) as client:
+        return int(client.llen(queue))
+
+
+def test_a_channel_sends_every_command_through_one_client_until_its_pool_is_replaced(app: Celery) -> None:
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert isinstance(conn.transport, redis_transport())
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second
+            assert first.ping()
+        given = object()
+        with channel.conn_or_acquire(given) as client:
+            assert client is given  # a caller's own client (a pipeline) is used as it is
+        channel._pool = None  # what kombu does when it lost its connections
+        with channel.conn_or_acquire() as third:
+            assert third is not first and third.connection_pool is channel.pool
+            assert third.ping()
+
+
+def test_publishing_works_across_a_broker_restart(app: Celery, redis: Redis) -> None:
+    queue = "ft-broker-restart"
+    with app.producer_or_acquire() as producer:
+        app.send_task("t", args=[1], queue=queue, producer=producer)
+    assert _queued(redis, queue) == 1
+    redis.restart()  # keeps nothing on disk: the message is gone, the kept client's socket too
+    assert _queued(redis, queue) == 0
+    with app.producer_or_acquire() as producer:
+        app.send_task("t", args=[2], queue=queue, producer=producer, retry=True)
+    assert _queued(redis, queue) == 1
