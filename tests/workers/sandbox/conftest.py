@@ -116,8 +116,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     env.pop("DOCKER_HOST", None)
     socket = root / "podman.sock"
     log = (root / "service.log").open("wb")
+    # In its own directory: conmon writes an ``oom`` file into its working directory when a
+    # container is killed for memory.
     service = subprocess.Popen(
-        ["podman", "system", "service", "--time=0", f"unix://{socket}"], env=env, stdout=log, stderr=log
+        ["podman", "system", "service", "--time=0", f"unix://{socket}"],
+        env=env,
+        stdout=log,
+        stderr=log,
+        cwd=root,
     )
     try:
         imported = _podman(env, "import", str(_rootfs_tar(root)), BASE_IMAGE)
