@@ -4,13 +4,14 @@ Run from the repository root: ``python bench/ingest.py`` (``--quick`` for shorte
 ``redis-server``, ``wrk`` and PostgreSQL (``FLAKETRIAGE_TEST_POSTGRES``, default
 ``postgresql://postgres@127.0.0.1:5432/postgres``; a fresh database is made and dropped).
 
-One uvicorn process serves both routes: ``POST /v1/events`` (the real receiver: signature, schema,
-store policy, the delivery, case, occurrence and work written to PostgreSQL in one transaction,
-then the triage task handed to Redis) and ``POST /bench/bare`` (FastAPI returning 202 and nothing
-else). ``wrk`` sends pre-signed events, every one a new failure (the most work per event), from
-16 connections. Rounds are interleaved (bare, events, bare again as the A/A row, events, ...), and
-the medians with their spread are printed beside the goals: at least 1,000 events/s, p99 at most
-50 ms, and at least half the bare endpoint's throughput. Exits 1 on a miss.
+One uvicorn process serves both routes, as ``flaketriage serve`` serves them: ``POST /v1/events``
+(the real receiver: signature, schema, store policy, the delivery, case, occurrence and work written
+to PostgreSQL in one transaction by the receiver's intake process, then the triage task handed to
+Redis) and ``POST /bench/bare`` (FastAPI returning 202 and nothing else). ``wrk`` sends pre-signed
+events, every one a new failure (the most work per event), from 16 connections. Rounds are
+interleaved (bare, events, bare again as the A/A row, events, ...), and the medians with their
+spread are printed beside the goals: at least 1,000 events/s, p99 at most 50 ms, and at least half
+the bare endpoint's throughput. Exits 1 on a miss.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def report(results: dict[str, list[dict[str, float]]], rounds: int, seconds: flo
     bare_rate = statistics.median(r["rate"] for r in results["bare"])
     print(
         f"ingest: {rounds} interleaved rounds of {seconds:.0f} s, {CONNECTIONS} connections, "
-        "one uvicorn process"
+        "one uvicorn process and its intake process"
     )
     print(
         f"  {'variant':<12} {'req/s':>9} {'spread':>17} {'p50 ms':>8} {'p99 ms':>8} "
