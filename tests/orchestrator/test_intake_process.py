@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_client
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult, Sighting
@@ -27,22 +27,14 @@ from flaketriage.orchestrator.service import build_service
 from flaketriage.records import Case, Database, Delivery, Work, WorkStatus
 from flaketriage.settings import Settings, load_settings
 from tests.conftest import Redis, free_port, wait_for
+from tests.orchestrator.recorders import count_rows, numbered_sighting, record_each_twice_at_once
 
 
 def _sighting(n: int, title: str | None = None) -> Sighting:
-    return Sighting(
-        fingerprint=f"failure-{n:04d}",
-        kind="bundle",
-        title=title or f"failure {n}",
-        bundle_id=f"{n:064x}",
-        store_url="file:///store",
-        provenance={"n": n},
-    )
+    return numbered_sighting(n, title=title or f"failure {n}", provenance={"n": n})
 
 
-def _count(database: Database, model: type) -> int:
-    with database.session() as session:
-        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+_count = count_rows
 
 
 def _gone(pid: int) -> bool:
@@ -90,20 +82,7 @@ def test_the_receiver_records_through_a_child_on_postgresql_and_in_threads_on_sq
 def test_one_turn_of_the_loop_is_one_batch_recorded_once_and_one_broker_message(
     settings: Settings, postgres_database: Database, redis: Redis
 ) -> None:
-    process = IntakeProcess(settings)
-
-    async def all_at_once() -> list[IntakeResult]:
-        # Each delivery twice: the second of each is a duplicate, in the same batch.
-        calls = [
-            process.record("events", f"d-{n % 100}", "failure.captured", [_sighting(n % 100)])
-            for n in range(200)
-        ]
-        return await asyncio.gather(*calls)
-
-    try:
-        results = asyncio.run(all_at_once())
-    finally:
-        process.close()
+    results = record_each_twice_at_once(IntakeProcess(settings), 100)
     outcomes = [r.outcome for r in results]
     assert outcomes.count(IntakeOutcome.ACCEPTED) == 100 and outcomes.count(IntakeOutcome.DUPLICATE) == 100
     counts = (

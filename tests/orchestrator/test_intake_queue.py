@@ -8,23 +8,17 @@ import asyncio
 import threading
 
 import pytest
-from sqlalchemy import func, select
 
 from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.orchestrator.intake import Intake, IntakeOutcome, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.records import Case, Database, Delivery, Work
+from tests.orchestrator.recorders import count_rows, numbered_sighting, record_each_twice_at_once
 
 
 def _sighting(n: int, fingerprint: str | None = None) -> Sighting:
-    return Sighting(
-        fingerprint=fingerprint or f"failure-{n:04d}",
-        kind="bundle",
-        title=f"failure {n}",
-        bundle_id=f"{n:064x}",
-        store_url="file:///store",
-    )
+    return numbered_sighting(n, fingerprint=fingerprint or f"failure-{n:04d}")
 
 
 def _queue(database: Database, sender: MemorySender) -> IntakeQueue:
@@ -32,9 +26,7 @@ def _queue(database: Database, sender: MemorySender) -> IntakeQueue:
     return IntakeQueue(intake, max_batch=16)
 
 
-def _count(database: Database, model: type) -> int:
-    with database.session() as session:
-        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+_count = count_rows
 
 
 def test_writers_by_backend(database: Database) -> None:
@@ -44,20 +36,7 @@ def test_writers_by_backend(database: Database) -> None:
 
 def test_many_requests_at_once_are_each_recorded_once_and_answered(database: Database) -> None:
     sender = MemorySender()
-    queue = _queue(database, sender)
-
-    async def all_at_once() -> list[IntakeResult]:
-        # Each delivery twice: the second of each is a duplicate, whichever batch it lands in.
-        calls = [
-            queue.record("events", f"d-{n % 100}", "failure.captured", [_sighting(n % 100)])
-            for n in range(200)
-        ]
-        return await asyncio.gather(*calls)
-
-    try:
-        results = asyncio.run(all_at_once())
-    finally:
-        queue.close()
+    results = record_each_twice_at_once(_queue(database, sender), 100)
     outcomes = [r.outcome for r in results]
     assert outcomes.count(IntakeOutcome.ACCEPTED) == 100 and outcomes.count(IntakeOutcome.DUPLICATE) == 100
     assert (_count(database, Delivery), _count(database, Case), _count(database, Work)) == (100, 100, 100)
