@@ -113,7 +113,6 @@ class Database:
             yield session
             session.commit()
         except SQLAlchemyError as exc:
-            self._note_if_invalidated(exc)
             session.rollback()
             raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
         except BaseException:
@@ -165,7 +164,8 @@ class Database:
             self.note_lost()
 
     def _note_if_invalidated(self, exc: SQLAlchemyError) -> None:
-        """A connection our own code found dead (`fetch_together`)."""
+        """A connection our own code found dead (`fetch_together`; SQLAlchemy's own statements
+        are noted by `_note_if_lost`)."""
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             self.note_lost()
 

@@ -34,9 +34,6 @@ def _sighting(n: int, title: str | None = None) -> Sighting:
     return numbered_sighting(n, title=title or f"failure {n}", provenance={"n": n})
 
 
-_count = count_rows
-
-
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -86,9 +83,9 @@ def test_one_turn_of_the_loop_is_one_batch_recorded_once_and_one_broker_message(
     outcomes = [r.outcome for r in results]
     assert outcomes.count(IntakeOutcome.ACCEPTED) == 100 and outcomes.count(IntakeOutcome.DUPLICATE) == 100
     counts = (
-        _count(postgres_database, Delivery),
-        _count(postgres_database, Case),
-        _count(postgres_database, Work),
+        count_rows(postgres_database, Delivery),
+        count_rows(postgres_database, Case),
+        count_rows(postgres_database, Work),
     )
     assert counts == (100, 100, 100)
     # The batch's work went to the broker in one message before anyone was answered.
@@ -134,7 +131,7 @@ def test_a_child_killed_holding_deliveries_fails_them_and_the_retry_records_them
         lost = asyncio.run(killed_mid_way())
         assert all(isinstance(r, RecordsError) for r in lost), lost
         assert "the intake process stopped (exit code -9) before answering: retry" in str(lost[0])
-        assert _count(postgres_database, Delivery) == 0  # nothing half-recorded
+        assert count_rows(postgres_database, Delivery) == 0  # nothing half-recorded
 
         async def retry() -> list[IntakeResult]:
             calls = [process.record("events", f"d-{n}", "failure.captured", [_sighting(n)]) for n in range(5)]
@@ -146,7 +143,7 @@ def test_a_child_killed_holding_deliveries_fails_them_and_the_retry_records_them
         assert [r.outcome for r in asyncio.run(retry())] == [IntakeOutcome.DUPLICATE] * 5
     finally:
         process.close()
-    assert (_count(postgres_database, Delivery), _count(postgres_database, Work)) == (5, 5)
+    assert (count_rows(postgres_database, Delivery), count_rows(postgres_database, Work)) == (5, 5)
 
 
 def test_close_records_and_answers_what_was_sent_then_the_child_ends(
@@ -169,7 +166,7 @@ def test_close_records_and_answers_what_was_sent_then_the_child_ends(
     assert pid is not None
     results = asyncio.run(close_mid_way())
     assert [r.outcome for r in results] == [IntakeOutcome.ACCEPTED] * 20
-    assert _count(postgres_database, Delivery) == 20
+    assert count_rows(postgres_database, Delivery) == 20
     assert process.pid is None and _gone(pid)  # the child ended (and was waited for)
 
 
@@ -271,5 +268,5 @@ def test_a_burst_larger_than_a_pipe_is_answered(settings: Settings, postgres_dat
     finally:
         process.close()
     assert [r.outcome for r in results] == [IntakeOutcome.ACCEPTED] * 600
-    assert _count(postgres_database, Delivery) == 600
+    assert count_rows(postgres_database, Delivery) == 600
     assert time.monotonic() - started < 120

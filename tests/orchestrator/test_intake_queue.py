@@ -26,9 +26,6 @@ def _queue(database: Database, sender: MemorySender) -> IntakeQueue:
     return IntakeQueue(intake, max_batch=16)
 
 
-_count = count_rows
-
-
 def test_writers_by_backend(database: Database) -> None:
     queue = _queue(database, MemorySender())
     assert queue.writers == (2 if database.engine.dialect.name == "postgresql" else 1)
@@ -39,7 +36,7 @@ def test_many_requests_at_once_are_each_recorded_once_and_answered(database: Dat
     results = record_each_twice_at_once(_queue(database, sender), 100)
     outcomes = [r.outcome for r in results]
     assert outcomes.count(IntakeOutcome.ACCEPTED) == 100 and outcomes.count(IntakeOutcome.DUPLICATE) == 100
-    assert (_count(database, Delivery), _count(database, Case), _count(database, Work)) == (100, 100, 100)
+    assert [count_rows(database, model) for model in (Delivery, Case, Work)] == [100, 100, 100]
     assert sorted(order.work_id for _, order, _ in sender.sent) == sorted(w for r in results for w in r.work)
 
 
@@ -68,7 +65,7 @@ def test_threads_and_an_event_loop_share_one_queue(database: Database) -> None:
     finally:
         queue.close()
     assert len(answers) == 80 and {a.outcome for a in answers} == {IntakeOutcome.ACCEPTED}
-    assert _count(database, Case) == 80
+    assert count_rows(database, Case) == 80
 
 
 def test_a_bad_delivery_fails_alone(postgres_database: Database) -> None:
@@ -90,7 +87,7 @@ def test_a_bad_delivery_fails_alone(postgres_database: Database) -> None:
         queue.close()
     failed = [n for n, r in enumerate(results) if isinstance(r, BaseException)]
     assert failed == [5] and isinstance(results[5], RecordsError)
-    assert _count(postgres_database, Case) == 11 and _count(postgres_database, Delivery) == 11
+    assert count_rows(postgres_database, Case) == 11 and count_rows(postgres_database, Delivery) == 11
 
 
 def test_a_broker_that_is_down_is_heard_by_the_whole_batch_which_stays_recorded(database: Database) -> None:
@@ -105,7 +102,7 @@ def test_a_broker_that_is_down_is_heard_by_the_whole_batch_which_stays_recorded(
     finally:
         queue.close()
     assert all(isinstance(r, BrokerError) for r in results)
-    assert _count(database, Work) == 10  # the sweep sends them once the broker is back
+    assert count_rows(database, Work) == 10  # the sweep sends them once the broker is back
 
 
 def test_close_answers_what_waits_and_the_queue_starts_again(database: Database) -> None:
@@ -137,4 +134,4 @@ def test_a_request_that_went_away_does_not_stop_the_writers(database: Database) 
         assert asyncio.run(one_gives_up()).outcome is IntakeOutcome.ACCEPTED
     finally:
         queue.close()
-    assert _count(database, Delivery) == 2  # what was sent is recorded, whether or not anyone waits
+    assert count_rows(database, Delivery) == 2  # what was sent is recorded, whether or not anyone waits
