@@ -32,7 +32,7 @@ from flaketriage.normalize import normalize_message
 from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
 from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.bulk import insert_query, one_of
-from flaketriage.records.database import deferred
+from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
 from flaketriage.work import Queue, Step
 
@@ -268,7 +268,7 @@ class Intake:
             accepted = [d.id for d in deliveries if d is not None and d.work]
             with deferred(conn):  # nothing reads these back: they go with the COMMIT
                 if accepted:
-                    conn.execute(_ACCEPTED[conn.dialect.name], {"ids": accepted})
+                    fetch(conn, Query(_ACCEPTED[conn.dialect.name], {"ids": accepted}))
                 batch.write_back(conn)
         results = [
             IntakeResult(IntakeOutcome.DUPLICATE)

@@ -115,8 +115,7 @@ def update_rows(
     table = _table(model)
     columns = tuple(rows[0])
     if conn.dialect.name == "postgresql":
-        sql = _recordset_update(table, columns, key)
-        conn.exec_driver_sql(sql, _document(table, columns, rows, conn))
+        fetch(conn, Query(_recordset_update(table, columns, key), _document(table, columns, rows, conn)))
         return
     statement = (
         update(table)

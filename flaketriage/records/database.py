@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -243,6 +244,33 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
     pipeline = conn.info.get(_PIPELINE)
     if pipeline is None:
         return [fetch(conn, query) for query in queries]
+    return _through_pipeline(conn, pipeline, queries, answer=True)
+
+
+def fetch(conn: Connection, query: Query) -> list[tuple[Any, ...]]:
+    """Run `query` and return its rows, if any; a `deferred` one that returns none is not waited
+    for. In a `Database.transaction` on PostgreSQL it goes to the driver as `fetch_together` sends
+    it; elsewhere through SQLAlchemy."""
+    pipeline = conn.info.get(_PIPELINE)
+    if pipeline is not None:
+        answer = not conn.info.get(_DEFERRED) or _driver_sql(query.statement, conn.dialect)[2]
+        answers = _through_pipeline(conn, pipeline, [query], answer=answer)
+        return answers[0] if answers else []
+    params: Any = query.params
+    if isinstance(query.statement, str):
+        result = conn.exec_driver_sql(query.statement, params)
+    else:
+        result = conn.execute(query.statement, params)
+    return [tuple(row) for row in result] if result.returns_rows else []
+
+
+def _through_pipeline(
+    conn: Connection, pipeline: Any, queries: Sequence[Query], *, answer: bool
+) -> list[list[tuple[Any, ...]]]:
+    """Send `queries` on the driver's connection, in pipeline mode. With `answer`, wait for them
+    (and for all sent before) and return their rows; else return nothing, and the next statement
+    answered, or the COMMIT, raises their errors. SQLAlchemy's execution (its context, its result
+    and its events) costs more than running the receiver's statements: they go around it."""
     import psycopg
 
     driver = conn.connection.driver_connection
@@ -251,15 +279,18 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
     sql = ""
     try:
         for query in queries:
-            sql, bound = _driver_sql(query.statement, conn.dialect)
+            sql, bound, _ = _driver_sql(query.statement, conn.dialect)
             cursor = driver.cursor()
             params = query.params
             if not isinstance(params, Mapping):
-                raise TypeError("fetch_together sends one row of parameters a statement to PostgreSQL")
+                raise TypeError("a statement sent in a pipeline takes one row of parameters (a mapping)")
             cursor.execute(sql, {**bound, **params} if bound else params)
             cursors.append(cursor)
+        if not answer:
+            return []
         pipeline.sync()
-        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        # Rows where the statement returned some (`description` would build its columns first).
+        return [cursor.fetchall() if _has_rows(cursor) else [] for cursor in cursors]
     except psycopg.Error as exc:
         lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
         if lost:
@@ -272,24 +303,26 @@ def fetch_together(conn: Connection, queries: Sequence[Query]) -> list[list[tupl
             cursor.close()
 
 
-def fetch(conn: Connection, query: Query) -> list[tuple[Any, ...]]:
-    """Run `query` through SQLAlchemy (a `deferred` one is not waited for): its rows, if any."""
-    params: Any = query.params
-    if isinstance(query.statement, str):
-        result = conn.exec_driver_sql(query.statement, params)
-    else:
-        result = conn.execute(query.statement, params)
-    return [tuple(row) for row in result] if result.returns_rows else []
+def _has_rows(cursor: Any) -> bool:
+    from psycopg import pq
+
+    result = cursor.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
 @functools.lru_cache(maxsize=64)
-def _driver_sql(statement: Executable | str, dialect: Dialect) -> tuple[str, dict[str, Any]]:
+def _driver_sql(statement: Executable | str, dialect: Dialect) -> tuple[str, dict[str, Any], bool]:
     """`statement` as the driver's SQL text, with the values bound in it (a Core statement is
-    compiled once per dialect)."""
+    compiled once per dialect), and whether it returns rows."""
     if isinstance(statement, str):
-        return statement, {}
+        return statement, {}, _RETURNS_ROWS.search(statement) is not None
     compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
-    return str(compiled), {k: v for k, v in compiled.params.items() if v is not None}
+    returns = bool(getattr(statement, "is_select", False) or compiled.effective_returning)
+    return str(compiled), {k: v for k, v in compiled.params.items() if v is not None}, returns
+
+
+_RETURNS_ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES|SHOW)\b|\bRETURNING\b", re.IGNORECASE)
+"""SQL text whose statement returns rows (ours: a query, or a write with a RETURNING clause)."""
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx2 import Response
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, text
 
 from flaketriage.bundle import load_manifest
@@ -331,3 +332,44 @@ def load_payload() -> Callable[[str], dict[str, Any]]:
         return data
 
     return load
+
+
+BeforeStatement = Callable[[Database, str, Callable[[int | None], None]], None]
+
+
+@pytest.fixture
+def before_statement(monkeypatch: pytest.MonkeyPatch) -> Iterator[BeforeStatement]:
+    """``before_statement(database, prefix, action)``: `action` runs before each statement whose
+    text starts with `prefix`, where the driver gets it (a PostgreSQL transaction sends its
+    statements around SQLAlchemy); it is given the PostgreSQL backend's process id (None on
+    SQLite), and may raise as the driver would."""
+    listening: list[tuple[Database, Callable[..., None]]] = []
+
+    def install(database: Database, prefix: str, action: Callable[[int | None], None]) -> None:
+        def matches(statement: object) -> bool:
+            return str(statement).lstrip().upper().startswith(prefix.upper())
+
+        if database.is_sqlite:
+
+            def before(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+                if matches(statement):
+                    action(None)
+
+            sa_event.listen(database.engine, "before_cursor_execute", before)
+            listening.append((database, before))
+            return
+        import psycopg
+
+        for name in ("execute", "executemany"):
+            original = getattr(psycopg.Cursor, name)
+
+            def run(cursor: Any, query: Any, *args: Any, _original: Any = original, **kw: Any) -> Any:
+                if matches(query):
+                    action(cursor.connection.info.backend_pid)
+                return _original(cursor, query, *args, **kw)
+
+            monkeypatch.setattr(psycopg.Cursor, name, run)
+
+    yield install
+    for database, before in listening:
+        sa_event.remove(database.engine, "before_cursor_execute", before)

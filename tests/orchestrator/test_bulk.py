@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from flaketriage.errors import RecordsError
 from flaketriage.records import Case, Database, Delivery, Occurrence, ReplayRow, Work
@@ -146,21 +148,23 @@ def test_a_value_too_long_for_its_column_is_refused_not_cut(postgres_database: D
         assert session.scalars(select(Case)).all() == []
 
 
-def test_postgresql_sends_one_statement_text_for_every_batch_size(postgres_database: Database) -> None:
+def test_postgresql_sends_one_statement_text_for_every_batch_size(
+    postgres_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen where the driver gets it: in a transaction the statements go around SQLAlchemy.
     seen: list[str] = []
+    execute = psycopg.Cursor.execute
 
-    def remember(conn: object, cursor: object, statement: str, *args: object) -> None:
-        seen.append(statement)
+    def remember(cursor: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
 
-    event.listen(postgres_database.engine, "before_cursor_execute", remember)
-    try:
-        for size in (1, 7, 100):
-            with postgres_database.transaction() as conn:
-                rows = [_delivery(n, f"s{size}") for n in range(size)]
-                inserted = insert_rows(conn, Delivery, rows, returning=("id",),
-                                       skip_conflicts_on=("source", "delivery_id"))  # fmt: skip
-                assert len(inserted) == size
-    finally:
-        event.remove(postgres_database.engine, "before_cursor_execute", remember)
+    monkeypatch.setattr(psycopg.Cursor, "execute", remember)
+    for size in (1, 7, 100):
+        with postgres_database.transaction() as conn:
+            rows = [_delivery(n, f"s{size}") for n in range(size)]
+            inserted = insert_rows(conn, Delivery, rows, returning=("id",),
+                                   skip_conflicts_on=("source", "delivery_id"))  # fmt: skip
+            assert len(inserted) == size
     inserts = {s for s in seen if s.startswith("INSERT")}
     assert len(inserts) == 1 and "json_to_recordset(" in next(iter(inserts))

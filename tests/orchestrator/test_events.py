@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 from httpx2 import Response
-from sqlalchemy import event as sa_event
 from sqlalchemy.exc import OperationalError
 
 from flaketriage.dispatch import Dispatcher, MemorySender
@@ -24,7 +23,7 @@ from flaketriage.store import store_url
 from flaketriage.work import WorkOrder
 
 if TYPE_CHECKING:
-    from conftest import Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
+    from conftest import BeforeStatement, Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
 
 SECRET = b"events-secret"  # conftest.EVENTS_SECRET
 EMPTY = {
@@ -357,51 +356,55 @@ def test_an_unreachable_database_is_a_503_and_nothing_is_sent(
 
 
 def test_a_database_failing_mid_transaction_leaves_nothing_half_recorded(
-    make_receiver: MakeReceiver, database: Database, captured: Captured
+    make_receiver: MakeReceiver, database: Database, captured: Captured, before_statement: BeforeStatement
 ) -> None:
     receiver = make_receiver()
     event = captured.event(captured.value_error)
+    failing = True
 
-    def fail_on_work(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO WORK"):
-            raise OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+    def fail(pid: int | None) -> None:
+        if not failing:
+            return
+        if pid is None:
+            raise OperationalError("INSERT INTO work", {}, Exception("disk I/O error"))
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-    sa_event.listen(database.engine, "before_cursor_execute", fail_on_work)
-    try:
-        response = receiver.post_event(event)
-    finally:
-        sa_event.remove(database.engine, "before_cursor_execute", fail_on_work)
+    before_statement(database, "INSERT INTO work", fail)
+    response = receiver.post_event(event)
 
     assert response.status_code == 503, response.text
     assert receiver.counts() == EMPTY
     assert receiver.sender.sent == []
     # The sender retries the same event once the database is back: it is new, not a duplicate.
+    failing = False
     again = receiver.post_event(event)
     assert again.status_code == 202 and again.json()["outcome"] == "accepted"
     assert receiver.counts() == EMPTY | {"cases": 1, "deliveries": 1, "occurrences": 1, "work": 1}
 
 
 def test_a_postgresql_connection_killed_mid_transaction_is_a_503(
-    make_receiver: MakeReceiver, postgres_database: Database, postgres_url: str, captured: Captured
+    make_receiver: MakeReceiver,
+    postgres_database: Database,
+    postgres_url: str,
+    captured: Captured,
+    before_statement: BeforeStatement,
 ) -> None:
     """The server really drops the connection (pg_terminate_backend) while the case is half-written."""
     database = postgres_database
     receiver = make_receiver(database=database)
     event = captured.event(captured.value_error)
+    killing = True
 
-    def kill_on_work(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO WORK"):
-            pid = conn.connection.dbapi_connection.info.backend_pid
+    def kill(pid: int | None) -> None:
+        if killing:
             with psycopg.connect(postgres_url, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
-    sa_event.listen(database.engine, "before_cursor_execute", kill_on_work)
-    try:
-        response = receiver.post_event(event)
-    finally:
-        sa_event.remove(database.engine, "before_cursor_execute", kill_on_work)
+    before_statement(database, "INSERT INTO work", kill)
+    response = receiver.post_event(event)
 
     assert response.status_code == 503, response.text
+    killing = False
     assert receiver.counts() == EMPTY
     assert receiver.sender.sent == []
     assert receiver.post_event(event).status_code == 202

@@ -14,8 +14,8 @@ from sqlalchemy.exc import IntegrityError
 
 from flaketriage.errors import RecordsError
 from flaketriage.records import Database, Delivery
-from flaketriage.records.bulk import insert_query
-from flaketriage.records.database import Query, deferred, fetch_together
+from flaketriage.records.bulk import insert_query, insert_rows, update_rows
+from flaketriage.records.database import Query, deferred, fetch, fetch_together
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -108,6 +108,42 @@ def test_deferred_statements_wait_for_no_answer_of_their_own(
             result = conn.execute(insert(Delivery), [_row(9)])
         assert len(syncs) == 2 and result.inserted_primary_key is not None
     assert _count(postgres_database) == 6
+
+
+def test_fetched_statements_in_a_transaction_go_to_the_driver_and_deferred_ones_wait_with_the_next(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fetch` (and what runs on it: `insert_rows`, `update_rows`) in a transaction: a deferred write
+    is not waited for, a statement that returns rows is answered at once, deferred or not."""
+    syncs = _counted_syncs(monkeypatch)
+    with database.transaction() as conn:
+        with deferred(conn):
+            assert insert_rows(conn, Delivery, [_row(1), _row(2)]) == []
+            ids = insert_rows(conn, Delivery, [_row(3)], returning=("delivery_id",))
+            counted = fetch(conn, Query(select(func.count()).where(Delivery.kind == "k"), {}))
+            update_rows(conn, Delivery, [{"id": 1, "outcome": "accepted"}])
+            fetch(conn, Query(update(Delivery).values(kind="done"), {}))
+        assert ids == [("d-3",)] and counted == [(3,)]
+        if not database.is_sqlite:
+            assert len(syncs) == 2  # the RETURNING and the count; the writes wait for the COMMIT
+    with database.session() as session:
+        rows = session.execute(select(Delivery.delivery_id, Delivery.outcome, Delivery.kind)).all()
+    assert sorted(tuple(r) for r in rows) == [
+        ("d-1", "accepted", "done"),
+        ("d-2", "recorded", "done"),
+        ("d-3", "recorded", "done"),
+    ]
+
+
+def test_an_error_in_a_deferred_fetched_statement_rolls_back_everything(database: Database) -> None:
+    with pytest.raises(RecordsError, match="failed") as caught, database.transaction() as conn:
+        insert_rows(conn, Delivery, [_row(1)], returning=("id",))
+        with deferred(conn):
+            insert_rows(conn, Delivery, [_row(2)])
+            insert_rows(conn, Delivery, [_row(2)])  # the same delivery twice: unique violation
+    assert isinstance(caught.value.__cause__, IntegrityError)
+    assert _count(database) == 0
+    _next_transaction_works(database)
 
 
 def test_a_lost_connection_is_a_records_error_and_the_next_transaction_works(
