@@ -42,6 +42,13 @@ def _count(database: Database) -> int:
         return int(session.scalar(select(func.count()).select_from(Delivery)) or 0)
 
 
+def _deliveries(database: Database) -> list[tuple[str, str, str]]:
+    """Each delivery's id, outcome and kind, in order."""
+    with database.session() as session:
+        rows = session.execute(select(Delivery.delivery_id, Delivery.outcome, Delivery.kind)).all()
+    return sorted((r[0], r[1], r[2]) for r in rows)
+
+
 def _counted_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     syncs: list[int] = []
     original = psycopg.Pipeline.sync
@@ -71,9 +78,7 @@ def test_deferred_writes_commit_and_later_reads_see_them(database: Database) -> 
         assert conn.execute(select(func.count()).select_from(Delivery)).scalar() == 3
         with deferred(conn):
             conn.execute(update(Delivery).values(kind="done"))
-    with database.session() as session:
-        rows = session.execute(select(Delivery.delivery_id, Delivery.outcome, Delivery.kind)).all()
-    assert sorted(tuple(r) for r in rows) == [
+    assert _deliveries(database) == [
         ("d-1", "accepted", "done"),
         ("d-2", "recorded", "done"),
         ("d-3", "recorded", "done"),
@@ -126,9 +131,7 @@ def test_fetched_statements_in_a_transaction_go_to_the_driver_and_deferred_ones_
         assert ids == [("d-3",)] and counted == [(3,)]
         if not database.is_sqlite:
             assert len(syncs) == 2  # the RETURNING and the count; the writes wait for the COMMIT
-    with database.session() as session:
-        rows = session.execute(select(Delivery.delivery_id, Delivery.outcome, Delivery.kind)).all()
-    assert sorted(tuple(r) for r in rows) == [
+    assert _deliveries(database) == [
         ("d-1", "accepted", "done"),
         ("d-2", "recorded", "done"),
         ("d-3", "recorded", "done"),
