@@ -212,9 +212,9 @@ def deferred(conn: Connection) -> Iterator[None]:
     """Statements in the block whose results nobody reads (no rows, no rowcount): in a
     `Database.transaction` on PostgreSQL they are sent at once and answered together with the next
     statement that is read, or with the COMMIT, in one round trip; an error in one is raised there,
-    and the transaction rolls back as a whole. SQL text with a RETURNING clause does not belong in
-    the block (SQLAlchemy's own statements that return rows are answered at once). Elsewhere,
-    statements run as usual."""
+    and the transaction rolls back as a whole. A statement that returns rows is answered at once
+    (through `fetch`, or SQLAlchemy's own); SQL text with a RETURNING clause given to
+    ``conn.exec_driver_sql`` does not belong in the block. Elsewhere, statements run as usual."""
     outer = conn.info.get(_DEFERRED, False)
     conn.info[_DEFERRED] = True
     try:
