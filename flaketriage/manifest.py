@@ -25,6 +25,9 @@ from flaketriage.errors import BundleError
 from flaketriage.os_strings import OsStr
 
 SCHEMA_VERSION = 3
+ADDED_IN_SCHEMA_3: tuple[tuple[str, str], ...] = (("pytest", "following"),)
+"""Fields added while the schema stayed at 3: the stored form leaves each out while it is empty, so
+a manifest written before it existed re-encodes to its own id."""
 MAX_NESTING = 64
 """The deepest a manifest's JSON may nest: real ones nest a few levels (annotations a few more)."""
 
@@ -300,6 +303,9 @@ class PytestContext(_Model):
     """The test's own setup, call and teardown."""
     elapsed_s: float = 0.0
     """From the session's start to the end of this test: what replaying every preceding test costs."""
+    following: tuple[str, ...] = ()
+    """The tests the session had collected to run after it, in order: with ``preceding``, the
+    candidates for a state-setter when the test fails alone."""
 
 
 class Minimization(_Model):
@@ -342,6 +348,7 @@ class Manifest(_Model):
         """The stored form, whose bytes the bundle id hashes: sorted keys, no whitespace, UTF-8, and
         each file list replaced by a reference to its object (`file_lists`)."""
         data = self.model_dump(mode="json", exclude={"source": {"files"}, "data": {"__all__": {"files"}}})
+        _drop_empty_additions(data)
         for tree, owner in [(data["source"], self.source), *zip(data["data"], self.data, strict=True)]:
             listed = owner.file_list()
             if listed is not None:
@@ -488,3 +495,10 @@ def _nested_deeper_than(data: object, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
+
+
+def _drop_empty_additions(data: dict[str, Any]) -> None:
+    for owner, name in ADDED_IN_SCHEMA_3:
+        parent = data.get(owner)
+        if isinstance(parent, dict) and parent.get(name) in ((), [], None, {}):
+            parent.pop(name, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +80,8 @@ class FlaketriageSession:
         self.started = time.monotonic()
         self.ran: list[str] = []
         """Ids (relative to the invocation directory) of the tests finished so far, in order."""
+        self.collected: list[str] = []
+        """Ids (same form) of the tests the session is to run, in order."""
         self.captured: list[Captured] = []
         self.quarantined: dict[str, str] = {}
         """node id → what the summary says about its quarantine."""
@@ -140,6 +142,9 @@ class FlaketriageSession:
                 force_short_summary=bool(config.getoption("force_short_summary", False)),
                 started_ns=self.started_ns,
                 randomly_seed=seed if isinstance(seed, int) else None,
+                plugins=named_plugins(config.invocation_params.args),
+                repeat=_repeat(config),
+                xdist=config.pluginmanager.hasplugin("xdist"),
             )
             self._capture = SessionCapture(self.store_url, facts, self.settings)
         return self._capture
@@ -159,6 +164,18 @@ class FlaketriageSession:
             if failed:
                 self._record(rel, failed)
             self.ran.append(rel)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = [self.relative(item.nodeid) for item in session.items]
+
+    def _following(self, rel: str) -> list[str]:
+        """The tests still to run after ``rel``: the rest of the collection when it runs in order,
+        else (a pytest-xdist worker runs what it is handed) every collected test not run yet."""
+        here = len(self.ran)
+        if here < len(self.collected) and self.collected[here] == rel:
+            return self.collected[here + 1 :]
+        done = {*self.ran, rel}
+        return [t for t in self.collected if t not in done]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.captured:
@@ -238,6 +255,7 @@ class FlaketriageSession:
                 nodeid=rel,
                 reports=reports,
                 preceding=list(dict.fromkeys(self.ran)),
+                following=self._following(rel),
                 elapsed_s=time.monotonic() - self.started,
                 annotations=annotations,
             )
@@ -270,6 +288,31 @@ class QuarantineStatus:
         if report.failed and getattr(report, "flaketriage_quarantined", None):
             return QUARANTINED, "Q", ("QUARANTINED", {"yellow": True})
         return None
+
+
+def named_plugins(args: Sequence[str]) -> tuple[str, ...]:
+    """The plugins a command line loads with ``-p NAME`` / ``-pNAME`` (not the ``no:`` ones)."""
+    names: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "-p":
+            name = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith("-p"):
+            name = arg[2:]
+        else:
+            continue
+        if name and not name.startswith("no:"):
+            names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _repeat(config: pytest.Config) -> tuple[int, str] | None:
+    """pytest-repeat's ``--count`` and scope when it repeats this session's tests."""
+    if not config.pluginmanager.hasplugin("repeat"):
+        return None
+    count = config.getoption("count", 1)
+    if not isinstance(count, int) or count <= 1:
+        return None
+    return count, str(config.getoption("repeat_scope", "function"))
 
 
 def nodeid_relative_to(invocation_dir: Path, rootdir: Path) -> Callable[[str], str]:

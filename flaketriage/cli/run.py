@@ -209,17 +209,22 @@ def triage(
     )
     if result.polluters:
         search = data["polluter_search"]
-        out.print(plain(f"order-dependent: fails after {' '.join(result.polluters)}"))
+        out.print(plain(f"order-dependent: {result.order_cause}"))
+        among = "other tests of the session" if search.get("kind") == "setters" else "preceding tests"
         out.print(
-            f"  found among {search['preceding']} preceding tests in {search['replays']} replays "
+            f"  found among {search['preceding']} {among} in {search['replays']} replays "
             f"(confirmed {search['confirmations']} of {search['confirm_runs']})"
         )
     elif data["polluter_search"] and data["polluter_search"]["reproduced_in_order"]:
         search = data["polluter_search"]
         out.print(
             plain(
-                f"  the original test order reproduced the failure, but the polluters found "
-                f"({' '.join(search['polluters'])}) did not confirm "
+                (
+                    "  it passed after the session's other tests, but the state-setters found "
+                    if search.get("kind") == "setters"
+                    else "  the original test order reproduced the failure, but the polluters found "
+                )
+                + f"({' '.join(search['polluters'])}) did not confirm "
                 f"({search['confirmations']} of {search['confirm_runs']})"
             )
         )

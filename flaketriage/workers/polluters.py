@@ -8,18 +8,30 @@ binary search over prefixes, ddmin when the victim breaks monotonicity): one pol
 preceding tests costs about log2(n) + 1 replays, where plain ddmin pays more
 (``bench/polluters.py``). The victim's failure counts only when its own summary
 lines carry the original fingerprint; other tests of the run may fail as they like.
+
+Two more shapes of the same question. A *non-idempotent* test fails on its second run in one
+process: its own earlier run is a candidate like any other test (a test listed twice, or a
+pytest-repeat id such as ``test_x[2-2]`` whose ``test_x[1-2]`` ran first), and a search that ends
+with only the test itself names it ("fails when run twice in one process"). pytest runs a node id
+named twice on its command line once, so such replays hand the order to the replay's
+``flaketriage_order`` plugin (`ORDER_PLUGIN`). A *brittle* test fails alone and passes after a
+*state-setter*: when it fails alone every time, the same reduction with the predicate turned round
+(the victim passes after the set) finds the smallest set of the session's other tests it needs.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import pytest_failure_info
 from flaketriage.manifest import Manifest
+from flaketriage.normalize import strip_ansi
 from flaketriage.tracebacks import parse_pytest_failures
 from flaketriage.workers.replay import Replayer, Variant
 from flaketriage.workers.subset_reducer import SubsetReducer
@@ -27,6 +39,19 @@ from flaketriage.workers.subset_reducer import SubsetReducer
 T = TypeVar("T")
 
 Progress = Callable[[str], None]
+
+ORDER_PLUGIN = "flaketriage_order"
+"""The pytest plugin (``workers/sitecustomize/flaketriage_order.py``, on every replay's
+``PYTHONPATH``) that runs the collected tests in the order `ORDER_ENV` gives, repeats included."""
+ORDER_ENV = "FLAKETRIAGE_TEST_ORDER"
+
+SETTER_TIMEOUT_S = 600.0
+"""The least time a replay of the session's later tests gets: the capture saw them collected, not
+run, so nothing says how long they take."""
+
+# pytest-repeat's ids: ``test_x[2-3]``, or ``test_x[a-2-3]`` for a parametrized test.
+_REPEAT_ID = re.compile(r"^(?P<base>.*?)(?:\[(?P<alone>\d+-\d+)\]|-(?P<param>\d+-\d+)\])$")
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+[ \t\r]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -40,27 +65,72 @@ class OrderTarget:
     """Where `nodeid` sits in `argv`; preceding tests are inserted just before it."""
     elapsed_s: float = 0.0
     """How long the original session ran up to the end of this test."""
+    following: tuple[str, ...] = ()
+    """The tests the session collected after it: with `preceding`, the state-setter candidates."""
+    plugins: str = ""
+    """``PYTEST_PLUGINS`` as recorded: an ordered replay adds `ORDER_PLUGIN` to it."""
 
     @classmethod
     def of(cls, manifest: Manifest) -> OrderTarget | None:
-        """The target of a test bundle that recorded preceding tests, else None."""
+        """The target of a test bundle that recorded the other tests of its session, else None.
+
+        The test's own earlier run stays among the preceding tests: a test that fails when it runs
+        a second time is its own polluter.
+        """
         run = manifest.pytest
-        if manifest.kind != "test" or run is None or not run.preceding:
+        if manifest.kind != "test" or run is None or not (run.preceding or run.following):
             return None
         argv = tuple(manifest.command.argv)
         if run.node_id not in argv:
             return None  # a rerun command this search cannot put earlier tests into
+        preceding = tuple(dict.fromkeys(run.preceding))
         return cls(
             nodeid=run.node_id,
-            preceding=tuple(dict.fromkeys(t for t in run.preceding if t != run.node_id)),
+            preceding=preceding,
             argv=argv,
             position=argv.index(run.node_id),
             elapsed_s=run.elapsed_s,
+            following=tuple(
+                t for t in dict.fromkeys(run.following) if t not in preceding and t != run.node_id
+            ),
+            plugins=str(manifest.command.env.get("PYTEST_PLUGINS", "")),
         )
 
-    def argv_with(self, tests: Sequence[str]) -> list[str]:
-        """The rerun command with ``tests`` run first, in the order given."""
-        return [*self.argv[: self.position], *tests, *self.argv[self.position :]]
+    def argv_with(self, tests: Sequence[str], options: Sequence[str] = ()) -> list[str]:
+        """The rerun command with ``tests`` run first, in the order given, and ``options`` added
+        where pytest reads them last among the options (so they win over the recorded ones):
+        at the end, or just before a ``--`` that ends the options."""
+        argv = [*self.argv[: self.position], *tests, *self.argv[self.position :]]
+        cut = argv.index("--") if "--" in argv else len(argv)
+        return [*argv[:cut], *options, *argv[cut:]]
+
+    def variant_with(self, tests: Sequence[str], options: Sequence[str] = ()) -> Variant:
+        """The replay of ``tests`` then the victim. When the victim is among ``tests`` (its own
+        earlier run), pytest would run it once: the order goes to `ORDER_PLUGIN` instead."""
+        argv = self.argv_with(tests, options)
+        if self.nodeid not in tests:
+            return Variant(argv=argv)
+        plugins = ",".join(p for p in (self.plugins, ORDER_PLUGIN) if p)
+        return Variant(
+            argv=argv, env={"PYTEST_PLUGINS": plugins, ORDER_ENV: json.dumps([*tests, self.nodeid])}
+        )
+
+    def is_itself(self, test: str) -> bool:
+        """Whether ``test`` is the victim's own run: the same id, or another repetition of it
+        under pytest-repeat (``--count``)."""
+        if test == self.nodeid:
+            return True
+        if not any(a == "--count" or a.startswith("--count=") for a in self.argv):
+            return False
+        return repeat_base(test) == repeat_base(self.nodeid) != test
+
+
+def repeat_base(nodeid: str) -> str:
+    """The node id without pytest-repeat's ``i-N`` part (``t.py::test_x[a-2-3]`` → ``t.py::test_x[a]``)."""
+    match = _REPEAT_ID.match(nodeid)
+    if match is None:
+        return nodeid
+    return match.group("base") + ("]" if match.group("param") else "")
 
 
 def fails_in(process: ProcessResult, nodeid: str, fingerprint: str) -> bool:
@@ -70,11 +140,27 @@ def fails_in(process: ProcessResult, nodeid: str, fingerprint: str) -> bool:
     return bool(own) and pytest_failure_info(own, process.exit_code).fingerprint == fingerprint
 
 
+def passes_in(process: ProcessResult, nodeid: str) -> bool:
+    """Whether ``nodeid`` ran and passed in this pytest run (its ``PASSED`` line under ``-rA``):
+    a test that was never collected has no failure line either, and must not count as a pass."""
+    for text in (process.stdout, process.stderr):
+        text = strip_ansi(text)
+        headers = list(_SUMMARY_HEADER.finditer(text))
+        if not headers:
+            continue
+        lines = text[headers[-1].end() :].splitlines()
+        passed = any(line.rstrip() == f"PASSED {nodeid}" for line in lines)
+        failed = any(f.nodeid == nodeid for f in parse_pytest_failures(text))
+        return passed and not failed
+    return False
+
+
 def find_polluters(preceding: Sequence[T], fails: Callable[[Sequence[T]], bool]) -> tuple[list[T], int]:
     """A 1-minimal subsequence of ``preceding`` after which the victim fails, and the calls it took.
 
     ``fails(tests)`` runs ``tests`` then the victim; all of ``preceding`` is known to fail and none
-    of it (the victim alone) to pass, so neither costs a call.
+    of it (the victim alone) to pass, so neither costs a call. The same search finds a brittle
+    test's state-setters with ``fails`` turned round (the victim passes after ``tests``).
     """
     calls = 0
 
@@ -103,11 +189,25 @@ class PolluterSearch:
     confirm_runs: int = 0
     replays: int = 0
     """Every replay of the search: the full order, the reduction and the confirmation."""
+    kind: Literal["polluters", "setters"] = "polluters"
+    """``setters``: the victim fails alone and `polluters` holds the tests it needs to run first
+    (``reproduced_in_order`` then says it passed after all the candidates)."""
+    itself: bool = False
+    """The only polluter is the victim's own earlier run: it fails when run twice in one process."""
 
     @property
     def found(self) -> bool:
-        """Polluters found, and they made the victim fail on every confirmation run."""
+        """Tests found, and they had the same effect on the victim on every confirmation run."""
         return bool(self.polluters) and self.confirmations == self.confirm_runs
+
+    def cause(self) -> str:
+        """One line that says what the order does to the test, for issues, quarantines and replies."""
+        names = ", ".join(self.polluters)
+        if self.kind == "setters":
+            return f"fails alone; passes only after {names} (state-setter: it needs what they set up)"
+        if self.itself:
+            return "fails when run twice in one process (its own earlier run leaves state behind)"
+        return f"passes alone; fails after {names} (polluter: it leaves state behind)"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object that `from_json` turns back into an equal search."""
@@ -119,6 +219,8 @@ class PolluterSearch:
             "confirmations": self.confirmations,
             "confirm_runs": self.confirm_runs,
             "replays": self.replays,
+            "kind": self.kind,
+            "itself": self.itself,
         }
 
     @classmethod
@@ -132,15 +234,18 @@ class PolluterSearch:
             confirmations=data["confirmations"],
             confirm_runs=data["confirm_runs"],
             replays=data["replays"],
+            # .get: searches recorded before these keys existed read back without them.
+            kind=data.get("kind", "polluters"),
+            itself=data.get("itself", False),
         )
 
 
 @contextmanager
-def _timeout_for(replayer: Replayer, target: OrderTarget) -> Iterator[None]:
+def _timeout_for(replayer: Replayer, target: OrderTarget, least_s: float = 0.0) -> Iterator[None]:
     # The bundle's limit was set for the victim alone; a run of the tests before it takes about
     # as long as they took in the original session.
     original = replayer.timeout_s
-    replayer.timeout_s = max(original, 60.0 + 10 * target.elapsed_s)
+    replayer.timeout_s = max(original, least_s, 60.0 + 10 * target.elapsed_s)
     try:
         yield
     finally:
@@ -159,7 +264,7 @@ def search_polluters(
     def fails(tests: Sequence[str]) -> bool:
         nonlocal replays
         replays += 1
-        result = replayer.run(Variant(argv=target.argv_with(tests)))
+        result = replayer.run(target.variant_with(tests))
         return fails_in(result.process, target.nodeid, fingerprint)
 
     n = len(target.preceding)
@@ -169,12 +274,7 @@ def search_polluters(
             return PolluterSearch(preceding=n, reproduced_in_order=False, replays=replays)
         say(f"searching {n} preceding tests for polluters")
         polluters, calls = find_polluters(target.preceding, fails)
-        confirmed = 0
-        for _ in range(confirm_runs):
-            say(f"confirming: {' '.join(polluters)} then the test")
-            if not fails(polluters):
-                break
-            confirmed += 1
+        confirmed = _confirm(polluters, fails, confirm_runs, say)
     return PolluterSearch(
         preceding=n,
         reproduced_in_order=True,
@@ -183,4 +283,57 @@ def search_polluters(
         confirmations=confirmed,
         confirm_runs=confirm_runs,
         replays=replays,
+        itself=bool(polluters) and all(target.is_itself(t) for t in polluters),
     )
+
+
+def search_setters(
+    replayer: Replayer, target: OrderTarget, *, confirm_runs: int, progress: Progress | None = None
+) -> PolluterSearch | None:
+    """For a test that fails alone: replay it after all the session's other tests once; when it
+    passes there, reduce them to the state-setters it needs and confirm them with ``confirm_runs``
+    more passing replays. None when the session recorded no other test."""
+    candidates = [t for t in (*target.preceding, *target.following) if not target.is_itself(t)]
+    if not candidates:
+        return None
+    replays = 0
+    say = progress or (lambda _msg: None)
+
+    def passes(tests: Sequence[str]) -> bool:
+        nonlocal replays
+        replays += 1
+        # -rA: the victim's PASSED line is the evidence that it ran (a test that is not collected
+        # has no FAILED line either).
+        result = replayer.run(target.variant_with(tests, options=("-rA",)))
+        return passes_in(result.process, target.nodeid)
+
+    n = len(candidates)
+    least = SETTER_TIMEOUT_S if target.following else 0.0
+    with _timeout_for(replayer, target, least_s=least):
+        say(f"replaying the test after the session's {n} other tests")
+        if not passes(candidates):
+            return PolluterSearch(preceding=n, reproduced_in_order=False, replays=replays, kind="setters")
+        say(f"searching {n} tests for the state it needs")
+        setters, calls = find_polluters(candidates, passes)
+        confirmed = _confirm(setters, passes, confirm_runs, say)
+    return PolluterSearch(
+        preceding=n,
+        reproduced_in_order=True,
+        polluters=tuple(setters),
+        oracle_calls=calls,
+        confirmations=confirmed,
+        confirm_runs=confirm_runs,
+        replays=replays,
+        kind="setters",
+    )
+
+
+def _confirm(tests: Sequence[str], holds: Callable[[Sequence[str]], bool], runs: int, say: Progress) -> int:
+    """How many of ``runs`` further replays of ``tests`` then the victim showed the effect, in a row."""
+    confirmed = 0
+    for _ in range(runs):
+        say(f"confirming: {' '.join(tests)} then the test")
+        if not holds(tests):
+            break
+        confirmed += 1
+    return confirmed

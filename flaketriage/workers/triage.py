@@ -32,7 +32,7 @@ from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEO
 from flaketriage.store import Store
 from flaketriage.workers.attribution import Attribution
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
-from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters
+from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
@@ -104,10 +104,19 @@ class TriageResult:
 
     @property
     def polluters(self) -> list[str]:
-        """The tests an order-dependent failure needs to run first (empty for any other verdict)."""
+        """The tests an order-dependent failure needs to run first (empty for any other verdict):
+        its polluters, or for a brittle test (``polluter_search.kind == "setters"``) the
+        state-setters it needs to pass."""
         if self.verdict.verdict is not Verdict.ORDER_DEPENDENT or self.polluter_search is None:
             return []
         return list(self.polluter_search.polluters)
+
+    @property
+    def order_cause(self) -> str | None:
+        """What the order does to an order-dependent test, in one line (`PolluterSearch.cause`)."""
+        if self.verdict.verdict is not Verdict.ORDER_DEPENDENT or self.polluter_search is None:
+            return None
+        return self.polluter_search.cause()
 
     def to_json(self) -> dict[str, Any]:
         minimal = self.minimized.to_json() if self.minimized else None
@@ -120,6 +129,7 @@ class TriageResult:
             **self.verdict.to_json(),
             "findings": [f.to_json() for f in self.findings],
             "polluters": self.polluters,
+            "order_cause": self.order_cause,
             "polluter_search": self.polluter_search.to_json() if self.polluter_search else None,
             "minimal_bundle": minimal_bundle,
             "minimal": minimal,
@@ -227,17 +237,35 @@ def decide(
 def decide_order(
     replays: SequentialReplays, target: OrderTarget, progress: ProgressFn | None = None
 ) -> PolluterSearch | None:
-    """Look for polluters once `deterministic_after` isolated replays reproduced nothing (None:
-    the question did not arise). The isolated replays run first, through `replays`."""
+    """Look for polluters once `deterministic_after` isolated replays all passed (None: the question
+    did not arise). The isolated replays run first, through `replays`. A test that failed alone in
+    another way never passed alone, so no order explains it: that failure is a finding of its own."""
     k = replays.policy.deterministic_after
     replays.run(until=k)
     test = replays.test
-    if test.reproductions or test.replays < k:
+    if test.passes < k or not target.preceding:
         return None
     return search_polluters(
         replays.replayer,
         target,
         confirm_runs=k - 1,
+        progress=(lambda msg: progress(msg, 0, 0)) if progress else None,
+    )
+
+
+def decide_setters(
+    replays: SequentialReplays, target: OrderTarget, progress: ProgressFn | None = None
+) -> PolluterSearch | None:
+    """For a test that failed alone on every replay: does it pass after the session's other tests,
+    and which does it need (its state-setters)? Asked only when the session was still to run tests
+    after it (tests that ran before it were there when it failed); None when not asked."""
+    verdict = replays.test.result()
+    if verdict.verdict is not Verdict.DETERMINISTIC or verdict.passes or not target.following:
+        return None
+    return search_setters(
+        replays.replayer,
+        target,
+        confirm_runs=replays.policy.deterministic_after - 1,
         progress=(lambda msg: progress(msg, 0, 0)) if progress else None,
     )
 
@@ -294,6 +322,11 @@ def triage(
         else:
             replays.run()
             verdict = replays.test.result()
+            setters = decide_setters(replays, target, progress) if target is not None else None
+            if setters is not None:
+                search = setters
+                if setters.found:
+                    verdict = dataclasses.replace(verdict, verdict=Verdict.ORDER_DEPENDENT)
         result = TriageResult(
             bundle_id=bundle_id,
             verdict=verdict,
@@ -371,6 +404,7 @@ def _draft(
         minimal_bundle_id=minimal.bundle_id if minimal else None,
         findings=[f"{f.summary} ({f.count}×, fingerprint {f.fingerprint[:12]})" for f in result.findings],
         polluters=result.polluters,
+        order=result.polluter_search if result.polluters else None,
         tail_lines=tail_lines,
         key=key,
         environment_specific=result.verdict.verdict is Verdict.ENVIRONMENT_SPECIFIC,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -12,9 +13,19 @@ from hypothesis import strategies as st
 from flaketriage.child_process import ProcessResult
 from flaketriage.fingerprint import fingerprint_failure
 from flaketriage.manifest import Command, Failure, Manifest, PytestContext
-from flaketriage.workers.polluters import OrderTarget, fails_in, find_polluters, search_polluters
+from flaketriage.workers.polluters import (
+    ORDER_ENV,
+    ORDER_PLUGIN,
+    OrderTarget,
+    PolluterSearch,
+    fails_in,
+    find_polluters,
+    passes_in,
+    repeat_base,
+    search_polluters,
+)
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
-from flaketriage.workers.triage import SequentialReplays, decide_order
+from flaketriage.workers.triage import SequentialReplays, decide_order, decide_setters
 from flaketriage.workers.verdict import Outcome, VerdictPolicy
 
 VICTIM = "tests/test_z.py::test_victim"
@@ -118,7 +129,8 @@ def test_target_inserts_tests_before_the_victim(make_manifest: Callable[..., Man
     manifest = _manifest(make_manifest, ["tests/test_a.py::t1", "tests/test_a.py::t1", VICTIM], elapsed_s=3.5)
     target = OrderTarget.of(manifest)
     assert target is not None
-    assert target.preceding == ("tests/test_a.py::t1",)  # duplicates and the victim itself dropped
+    # Duplicates dropped; the victim's own earlier run kept: a test can be its own polluter.
+    assert target.preceding == ("tests/test_a.py::t1", VICTIM)
     assert target.elapsed_s == 3.5
     assert target.argv_with(["x::a", "x::b"]) == [
         "python",
@@ -205,3 +217,133 @@ def test_order_is_only_asked_after_enough_clean_runs_alone(make_manifest: Callab
     plain = FakeReplayer(manifest, polluter=None, fails_alone=True)
     assert decide_order(SequentialReplays(cast(Replayer, plain), policy), target) is None
     assert all(run == [VICTIM] for run in plain.runs)
+
+
+# -- a test that is its own polluter, a test that fails alone (issue 21, items 3 to 5) ---------------
+class OrderedFakeReplayer(FakeReplayer):
+    """Like `FakeReplayer`, but reads the order the replay's ``flaketriage_order`` plugin would run,
+    and runs the victim as often as it is named (pytest alone would run a repeated id once)."""
+
+    def __init__(self, manifest: Manifest, fails_after: Callable[[list[str]], bool], alone: Outcome) -> None:
+        super().__init__(manifest, None)
+        self.fails_after = fails_after
+        self.alone = alone
+        self.variants: list[Variant | None] = []
+
+    def run(self, variant: Variant | None = None) -> ReplayResult:
+        self.variants.append(variant)
+        argv = list(variant.argv) if variant and variant.argv else list(self.manifest.command.argv)
+        order = json.loads(variant.env[ORDER_ENV]) if variant and variant.env else None
+        tests = order or list(dict.fromkeys(a for a in argv[3:] if "::" in a))
+        self.runs.append(tests)
+        if len(tests) == 1:
+            if self.alone is Outcome.REPRODUCED:
+                return ReplayResult(outcome=self.alone, failure=None, process=_process(VICTIM_LINE))
+            if self.alone is Outcome.DIFFERENT:
+                other = f"FAILED {VICTIM} - ImportError: cannot import name 'x'"
+                return ReplayResult(outcome=self.alone, failure=None, process=_process(other))
+            return ReplayResult(outcome=self.alone, failure=None, process=_process(exit_code=0))
+        if self.fails_after(tests[:-1]):
+            return ReplayResult(outcome=Outcome.PASSED, failure=None, process=_process(VICTIM_LINE))
+        passed = _process(f"PASSED {VICTIM}", exit_code=0) if "-rA" in argv else _process(exit_code=0)
+        return ReplayResult(outcome=Outcome.PASSED, failure=None, process=passed)
+
+
+def test_a_test_that_fails_on_its_second_run_is_its_own_polluter(
+    make_manifest: Callable[..., Manifest],
+) -> None:
+    # The session ran the file twice (--keep-duplicates): the victim ran once before it failed.
+    manifest = _manifest(make_manifest, [*PRECEDING[:6], VICTIM, *PRECEDING[6:12]])
+    target = OrderTarget.of(manifest)
+    assert target is not None and VICTIM in target.preceding
+    fake = OrderedFakeReplayer(manifest, lambda before: VICTIM in before, alone=Outcome.PASSED)
+    search = decide_order(SequentialReplays(cast(Replayer, fake), VerdictPolicy()), target)
+    assert search is not None and search.found
+    assert search.polluters == (VICTIM,) and search.itself
+    assert search.cause().startswith("fails when run twice in one process")
+    # Every replay that names the victim twice hands the order to the plugin, which runs it twice.
+    ordered = [v for v in fake.variants if v is not None and v.env]
+    assert ordered and all(v.env and v.env["PYTEST_PLUGINS"] == ORDER_PLUGIN for v in ordered)
+    assert fake.runs[-1] == [VICTIM, VICTIM]
+
+
+def test_a_pytest_repeat_repetition_is_the_test_itself(make_manifest: Callable[..., Manifest]) -> None:
+    victim = "tests/test_z.py::test_victim[2-2]"
+    argv = ("python", "-m", "pytest", "-p", "repeat", "--count=2", victim)
+    manifest = _manifest(make_manifest, ["tests/test_z.py::test_victim[1-2]", *PRECEDING[:5]]).model_copy(
+        update={
+            "command": Command(argv=argv, cwd="/work/p"),
+            "pytest": PytestContext(node_id=victim, preceding=("tests/test_z.py::test_victim[1-2]",),
+                                    rootdir="/work/p", invocation_dir="/work/p"),
+        }
+    )  # fmt: skip
+    target = OrderTarget.of(manifest)
+    assert target is not None
+    assert target.is_itself("tests/test_z.py::test_victim[1-2]") and target.is_itself(victim)
+    assert not target.is_itself("tests/test_z.py::test_other[1-2]")
+    assert repeat_base("t.py::test_p[a-2-3]") == "t.py::test_p[a]" == repeat_base("t.py::test_p[a-1-3]")
+    assert (
+        repeat_base("t.py::test_x[1-2]") == "t.py::test_x"
+        and repeat_base("t.py::test_x[a]") == "t.py::test_x[a]"
+    )
+    # Without pytest-repeat's --count an id that looks like one is an ordinary parameter.
+    plain = OrderTarget.of(_manifest(make_manifest, PRECEDING[:3]))
+    assert plain is not None and not plain.is_itself("tests/test_z.py::test_victim[1-2]")
+
+
+def test_no_order_search_for_a_test_that_never_passed_alone(make_manifest: Callable[..., Manifest]) -> None:
+    # Alone it fails another way every time; after the earlier tests it fails as captured. That is
+    # no proof of order dependence: the different failure alone is the finding.
+    manifest = _manifest(make_manifest, PRECEDING)
+    target = OrderTarget.of(manifest)
+    assert target is not None
+    fake = OrderedFakeReplayer(manifest, lambda before: True, alone=Outcome.DIFFERENT)
+    replays = SequentialReplays(cast(Replayer, fake), VerdictPolicy())
+    assert decide_order(replays, target) is None
+    assert all(len(run) == 1 for run in fake.runs)  # no prefix ever ran
+
+
+def test_a_brittle_test_names_the_state_setter_it_needs(make_manifest: Callable[..., Manifest]) -> None:
+    setter = "tests/test_s.py::test_sets_up"
+    later = [*PRECEDING[10:20], setter, *PRECEDING[20:]]
+    manifest = _manifest(make_manifest, PRECEDING[:10])
+    manifest = manifest.model_copy(
+        update={"pytest": manifest.pytest.model_copy(update={"following": tuple(later)})}  # type: ignore[union-attr]
+    )
+    target = OrderTarget.of(manifest)
+    assert target is not None and target.following == tuple(later)
+    # Fails alone on every replay; passes once the setter ran before it.
+    fake = OrderedFakeReplayer(manifest, lambda before: setter not in before, alone=Outcome.REPRODUCED)
+    replays = SequentialReplays(cast(Replayer, fake), VerdictPolicy())
+    assert decide_order(replays, target) is None  # it reproduced alone: no polluter question
+    replays.run()
+    search = decide_setters(replays, target)
+    assert search is not None and search.found and search.kind == "setters"
+    assert search.polluters == (setter,) and not search.itself
+    assert "passes only after tests/test_s.py::test_sets_up" in search.cause()
+    assert fake.runs[replays.test.replays] == [*PRECEDING[:10], *later, VICTIM]  # all candidates first
+    assert PolluterSearch.from_json(json.loads(json.dumps(search.to_json()))) == search
+
+
+def test_no_setter_search_without_later_tests_or_when_it_fails_after_them(
+    make_manifest: Callable[..., Manifest],
+) -> None:
+    manifest = _manifest(make_manifest, PRECEDING[:10])
+    target = OrderTarget.of(manifest)
+    assert target is not None
+    fake = OrderedFakeReplayer(manifest, lambda before: True, alone=Outcome.REPRODUCED)
+    replays = SequentialReplays(cast(Replayer, fake), VerdictPolicy())
+    replays.run()
+    assert decide_setters(replays, target) is None  # the tests before it were there when it failed
+    with_later = OrderTarget(**{**target.__dict__, "following": ("tests/test_s.py::test_later",)})
+    search = decide_setters(replays, with_later)
+    assert search is not None and not search.found and not search.reproduced_in_order
+    assert search.replays == 1
+
+
+def test_a_test_that_was_not_collected_does_not_pass() -> None:
+    assert passes_in(_process(f"PASSED {VICTIM}", exit_code=0), VICTIM)
+    assert not passes_in(_process(exit_code=0), VICTIM)  # no PASSED line: it never ran
+    assert not passes_in(_process(f"PASSED {VICTIM}", VICTIM_LINE), VICTIM)  # ran twice, failed once
+    assert not passes_in(ProcessResult(exit_code=4, stdout="ERROR: not found: x", stderr="",
+                                       timed_out=False, duration_s=0.1), VICTIM)  # fmt: skip

@@ -27,6 +27,7 @@ from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
+from flaketriage.workers.polluters import PolluterSearch, repeat_base
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.samplers import summary_lines
 from flaketriage.workers.verdict import VerdictResult
@@ -80,6 +81,7 @@ def render_issue(
     findings: Sequence[str] = (),
     environment_specific: bool = False,
     polluters: Sequence[str] = (),
+    order: PolluterSearch | None = None,
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
     key: str | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -92,7 +94,8 @@ def render_issue(
     `store_location` is where people fetch the bundle from (default: a local store's path, else its URL);
     `findings` are extra observations (e.g. different failures seen during replay);
     `environment_specific` marks a failure that reproduces only on the original runner or hardware;
-    `polluters` are the earlier tests an order-dependent test fails after; `tail_lines`
+    `polluters` are the earlier tests an order-dependent test fails after (or, when `order` is a
+    search for state-setters, the tests it needs to pass); `tail_lines`
     (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how many of the last lines of stderr the issue shows;
     `key` is the draft's idempotency key (the triage that reports it); `now` dates presigned links;
     `runners` says what the replays did on each runner (`Attribution.lines`); `hang` is the stacks
@@ -104,8 +107,8 @@ def render_issue(
         labels.append(ENVIRONMENT_LABEL)
     location = store_location or _address(store)
     sections = [
-        _summary(manifest, bundle_id, verdict, environment_specific, runners),
-        _order(manifest, polluters),
+        _summary(manifest, bundle_id, verdict, environment_specific, runners, order),
+        _order(manifest, polluters, order),
         _failure(store, manifest, tail_lines),
         _replay_hang(hang, manifest),
         _findings(findings),
@@ -183,7 +186,7 @@ def evidence_line(verdict: VerdictResult) -> str:
     return f"**{verdict.verdict}**: {_counts(verdict, polluters='the polluters named in the issue')}."
 
 
-def _counts(verdict: VerdictResult, polluters: str = "the polluters below") -> str:
+def _counts(verdict: VerdictResult, polluters: str = "the polluters below", *, setters: bool = False) -> str:
     kind = str(verdict.verdict)
     others = []
     if verdict.passes:
@@ -201,7 +204,11 @@ def _counts(verdict: VerdictResult, polluters: str = "the polluters below") -> s
     )
     if kind == "order_dependent":
         counts = f"run alone, it {counts}"
-        decided = f"{polluters} make it fail on every confirmation run"
+        decided = (
+            "the state-setters below make it pass on every confirmation run"
+            if setters
+            else f"{polluters} make it fail on every confirmation run"
+        )
     return (
         f"{counts}; reproduction rate {_percent(rate.estimate)} "
         f"(95% interval {_percent(rate.low)}–{_percent(rate.high)}); {decided}"
@@ -214,12 +221,17 @@ def _summary(
     verdict: VerdictResult,
     environment_specific: bool,
     runners: Sequence[str] = (),
+    order: PolluterSearch | None = None,
 ) -> str:
     kind = str(verdict.verdict)
+    setters = order is not None and order.kind == "setters"
+    meaning = _VERDICT_MEANING.get(kind, kind)
+    if kind == "order_dependent" and order is not None:
+        meaning = order.cause()
     lines = [
-        f"**Verdict: {kind}**: this failure {_VERDICT_MEANING.get(kind, kind)}.",
+        f"**Verdict: {kind}**: this failure {meaning}.",
         "",
-        f"Evidence: {_counts(verdict)}.",
+        f"Evidence: {_counts(verdict, setters=setters)}.",
     ]
     if environment_specific:
         lines += [
@@ -239,11 +251,47 @@ def _summary(
     return "\n".join(lines)
 
 
-def _order(manifest: Manifest, polluters: Sequence[str]) -> str:
+def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch | None = None) -> str:
     if not polluters:
         return ""
     victim = manifest.failure.test_id or "the test"
     listed = "\n".join(f"- {_code(p)}" for p in polluters)
+    if order is not None and order.kind == "setters":
+        return "\n".join(
+            [
+                "## Order dependence (brittle test)",
+                "",
+                f"{_code(victim)} fails when it runs alone and passes once these tests ran first in the same "
+                "process: it depends on state they set up (a module global, a file, an environment "
+                "variable) and should set it up itself:",
+                "",
+                listed,
+                "",
+                "It passes with these tests first, in this order (and fails without them):",
+                "",
+                _fence(
+                    shlex.join(["python", "-m", "pytest", "-p", "no:randomly", *polluters, victim]), "bash"
+                ),
+            ]
+        )
+    if order is not None and order.itself:
+        return "\n".join(
+            [
+                "## Order dependence (non-idempotent test)",
+                "",
+                f"{_code(victim)} fails when it runs twice in one process: its first run leaves state "
+                "behind (a module global, a file, an environment variable) that its second run trips on.",
+                "",
+                "Reproduce it by running it twice (with pytest-repeat installed):",
+                "",
+                _fence(
+                    shlex.join(
+                        ["python", "-m", "pytest", "-p", "no:randomly", "--count", "2", repeat_base(victim)]
+                    ),
+                    "bash",
+                ),
+            ]
+        )
     return "\n".join(
         [
             "## Order dependence",
