@@ -17,6 +17,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flaketriage.errors import ReplayEnvironmentError
@@ -168,15 +169,50 @@ def installed_packages() -> tuple[str, ...]:
     A distribution installed from a local directory (PEP 610 ``dir_info``: an editable install of
     the project under test) is written ``name @ file:///path``, one installed from version control
     ``name @ git+URL@COMMIT``, every other one ``name==version``. A name found twice on ``sys.path``
-    keeps its first version: that is the one ``import`` loads.
+    keeps its first version: that is the one ``import`` loads. The exception is the ``.egg-info``
+    that building a project leaves in its own checkout (``pip install -e .`` does): under ``python
+    -m pytest`` the checkout is first on ``sys.path``, and that leftover says only a version, which
+    no index may have. It never stands for the project: the installed distribution does when there
+    is one, else the checkout itself is the install (``setup.py develop``), written as local.
     """
     seen: dict[str, str] = {}
+    leftovers: dict[str, str] = {}  # name → the checkout a build's egg-info was found in, as local
+    trees: dict[Path, Path | None] = {}
     for dist in importlib.metadata.distributions():
         with contextlib.suppress(Exception):  # one broken METADATA must not lose the others
             name, version = _name_and_version(dist)
-            if name:
-                seen.setdefault(normalize_name(name), _freeze_line(dist, name, version))
+            if not name:
+                continue
+            key = normalize_name(name)
+            checkout = _checkout_of(dist, trees)
+            if checkout is not None:
+                if key not in seen:
+                    leftovers.setdefault(key, f"{name} @ {checkout.as_uri()}")
+                continue
+            if key not in seen:
+                line = _freeze_line(dist, name, version)
+                # Import loads the checkout's code, found first: a release installed behind it is not
+                # what ran, unless the installer recorded that it installed from a directory.
+                seen[key] = line if key not in leftovers or " @ file:" in line else leftovers[key]
+    for key, line in leftovers.items():
+        seen.setdefault(key, line)
     return tuple(seen[key] for key in sorted(seen))
+
+
+_PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _checkout_of(dist: importlib.metadata.Distribution, trees: dict[Path, Path | None]) -> Path | None:
+    """The project directory whose build left `dist` there (``proj.egg-info`` beside its
+    ``setup.py``, or in its ``src/``), or None for a distribution an installer put in place."""
+    metadata = getattr(dist, "_path", None)  # a PathDistribution's directory; others have none
+    if not isinstance(metadata, Path) or metadata.suffix != ".egg-info" or not metadata.is_dir():
+        return None
+    parent = metadata.absolute().parent
+    if parent not in trees:
+        candidates = [parent, parent.parent] if parent.name == "src" else [parent]
+        trees[parent] = next((d for d in candidates if any((d / f).is_file() for f in _PROJECT_FILES)), None)
+    return trees[parent]
 
 
 def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
