@@ -50,6 +50,10 @@ class ProcessResult:
     limit: Limit | None = None
     """The sandbox limit the run broke, when one did (a run over its time limit is ``timeout``):
     whether that makes the run a reproduction or a sandbox outcome is the replay's to decide."""
+    cpu_s: float | None = None
+    """User plus system CPU seconds of the process and every descendant it waited for (a reaper or
+    bubblewrap waits for all of them), from ``wait4``; None where it could not be measured (a
+    container, a run ended by an interrupt)."""
 
     @property
     def unwrapped_exit_code(self) -> int:
@@ -165,7 +169,7 @@ def run_command(
                 timer.daemon = True
                 timer.start()
             hold.release()
-            proc.wait()
+            cpu_s = _wait_cpu(proc)
         except BaseException:  # Ctrl-C, or SIGTERM/SIGHUP that the CLI turned into an exception
             ending.on_interrupt()
             hold.release()  # raises an interrupt that arrived meanwhile, if any
@@ -189,7 +193,17 @@ def run_command(
         wrapped_signals=runs_in_shell(argv, cwd, env),
         hang=ending.hang,
         limit="timeout" if ending.timed_out else None,
+        cpu_s=cpu_s,
     )
+
+
+def _wait_cpu(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for `proc` as ``Popen.wait`` does, and return the CPU seconds it and its waited-for
+    descendants used. ``wait4`` reads them for this child alone, so triages running in other threads
+    of this process are not counted, as ``RUSAGE_CHILDREN`` deltas would count them."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _Ending:

@@ -25,6 +25,7 @@
     │                                 ``environment`` outcome, never a crash
     ├── GitError                      a git command failed or timed out, or git is not installed
     ├── MinimizeError                 reducing a failing bundle
+    ├── BudgetSpentError              a triage's budget (FLAKETRIAGE_TRIAGE_BUDGET_S) ran out before a replay
     ├── ReportError                   writing an issue or a quarantine entry
     │   └── IssueTrackerError         GitHub refused or failed a call (``status``: its HTTP status)
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
@@ -194,6 +195,11 @@ class GitError(FlaketriageError):
 
 class MinimizeError(FlaketriageError):
     """Reducing a failing bundle failed."""
+
+
+class BudgetSpentError(FlaketriageError):
+    """A triage's budget of CPU plus GPU seconds ran out: no further replay starts
+    (`flaketriage.workers.cost`)."""
 
 
 class ReportError(FlaketriageError):

@@ -142,6 +142,13 @@ class Settings(BaseSettings):
         "JSON list: a toolchain shared by the images, or the host's Python for a base image without one.",
     )
     max_replays: int = Field(default=100, ge=1, description="Upper bound on replays for one verdict.")
+    triage_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most CPU plus GPU seconds the replays of one triage may use (a GPU second is a "
+        "second of wall time on each GPU a replay is given); checked before each replay, and a triage "
+        "that runs out ends undecided with its evidence so far and reports nothing. Unset: no cap.",
+    )
     flaky_rate_replays: int = Field(
         default=20,
         ge=0,

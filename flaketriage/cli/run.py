@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -25,6 +25,9 @@ from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
 from flaketriage.printable import printable
 from flaketriage.store import open_store
+
+if TYPE_CHECKING:
+    from flaketriage.workers.triage import TriageResult
 
 
 def criteria_from_options(
@@ -138,6 +141,10 @@ def triage(
     max_replays: Annotated[int | None, typer.Option(min=1, help="Upper bound on replays.")] = None,
     sandbox: Annotated[str | None, typer.Option(help="auto, bwrap, process or docker.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Wall-clock limit per replay, seconds.")] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(help="Most CPU+GPU seconds of replays (FLAKETRIAGE_TRIAGE_BUDGET_S); spent: undecided."),
+    ] = None,
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
     from flaketriage.workers.quarantine import Quarantine
@@ -148,6 +155,7 @@ def triage(
     from flaketriage.workers.verdict import VerdictPolicy
 
     check_timeout(timeout, "--timeout")
+    check_timeout(budget, "--budget")
     settings = settings_for(store)
     if sandbox is not None:
         if sandbox not in ("auto", "bwrap", "process", "docker"):
@@ -190,6 +198,7 @@ def triage(
             memory_mb=settings.replay_memory_mb,
             tail_lines=settings.output_tail_lines,
             progress=progress,
+            budget_s=budget if budget is not None else settings.triage_budget_s,
         )
     data = result.to_json()
     if as_json:
@@ -202,10 +211,10 @@ def triage(
         return
     rate = data["failure_rate"]
     out.print(
-        f"[bold]{data['verdict']}[/bold]: reproduced {data['failures']} of {data['replays']} replays "
+        f"[bold]{_verdict_label(result)}[/bold]: reproduced {data['failures']} of {data['replays']} replays "
         f"(rate {rate['estimate']:.2f}, 95% interval {rate['low']:.2f}–{rate['high']:.2f})"
         + (" when run alone" if result.polluters else "")
-        + ("" if data["decided"] else " — undecided at --max-replays")
+        + ("" if data["decided"] or result.budget_spent else " — undecided at --max-replays")
     )
     if result.polluters:
         search = data["polluter_search"]
@@ -248,6 +257,16 @@ def triage(
         )
     if result.minimize_error:
         out.print(labelled("not minimized:", "yellow", result.minimize_error))
+    if result.cost is not None:
+        out.print(plain(f"  cost: {result.cost.line()}"))
     report = data["report"]
     if report["kind"] != "none":
         out.print(plain(f"report ({report['kind']}): {report['location']}"))
+
+
+def _verdict_label(result: TriageResult) -> str:
+    """The verdict, or for a triage its budget stopped, that it is undecided: its guess is no verdict."""
+    v = result.verdict
+    if result.budget_spent and not v.decided:
+        return f"undecided (triage budget spent; best guess so far {v.verdict}, nothing reported)"
+    return str(v.verdict)

@@ -49,6 +49,10 @@ class ReplayView(BaseModel):
     fingerprint: str | None
     summary: str | None
     duration_s: float | None
+    cpu_s: float | None = None
+    """CPU seconds of its process tree (None: not measured, as in a container)."""
+    gpu_s: float | None = None
+    """Its wall time times the GPUs it was given."""
     runner: str | None
     """The machine (host and GPUs) it ran on."""
     worker: str | None = None
@@ -79,8 +83,33 @@ class OccurrenceView(BaseModel):
     received_at: datetime
 
 
+class PhaseCostView(BaseModel):
+    """The replays of one phase of a triage (``verdict``, ``order``, ``minimize``), added up."""
+
+    runs: int
+    cpu_s: float
+    gpu_s: float
+    wall_s: float
+    unmeasured: int = 0
+    """Runs whose CPU seconds the sandbox could not measure (counted as 0)."""
+
+
+class TriageCostView(PhaseCostView):
+    """What a case's triage cost, as its result records it (``flaketriage triage --json``'s ``cost``)."""
+
+    gpus: int
+    """GPUs each replay was given (0: none)."""
+    budget_s: float | None
+    """``FLAKETRIAGE_TRIAGE_BUDGET_S``: CPU plus GPU seconds the triage might use (None: no cap)."""
+    budget_spent: bool
+    """The budget stopped the triage: its verdict is undecided."""
+    phases: dict[str, PhaseCostView]
+
+
 class CaseDetail(CaseSummary):
     evidence: dict[str, Any] | None
+    cost: TriageCostView | None = None
+    """What its latest triage cost: CPU, GPU and wall seconds of the replays, by phase."""
     occurrence_list: list[OccurrenceView]
     triage_runs: list[WorkView]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
@@ -10,6 +12,7 @@ from flaketriage.orchestrator.api_models import (
     CaseSummary,
     OccurrenceView,
     ReplayView,
+    TriageCostView,
     WorkView,
 )
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
@@ -44,6 +47,7 @@ class CaseQuery:
             return CaseDetail(
                 **summary(case).model_dump(),
                 evidence=case.evidence,
+                cost=_cost(case.evidence),
                 occurrence_list=[
                     OccurrenceView(
                         source=o.source,
@@ -75,6 +79,8 @@ class CaseQuery:
                                 fingerprint=r.fingerprint,
                                 summary=r.summary,
                                 duration_s=r.duration_s,
+                                cpu_s=r.cpu_s,
+                                gpu_s=r.gpu_s,
                                 runner=r.runner,
                                 worker=r.worker,
                             )
@@ -84,6 +90,12 @@ class CaseQuery:
                     for w in case.work_rows
                 ],
             )
+
+
+def _cost(evidence: dict[str, Any] | None) -> TriageCostView | None:
+    """The triage's cost from its recorded result (results recorded before costs have none)."""
+    cost = (evidence or {}).get("cost")
+    return TriageCostView.model_validate(cost) if cost else None
 
 
 def summary(case: Case) -> CaseSummary:

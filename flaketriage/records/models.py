@@ -197,6 +197,10 @@ class ReplayRow(Base):
     fingerprint: Mapped[str | None] = mapped_column(String(128))
     summary: Mapped[str | None] = mapped_column(Text)
     duration_s: Mapped[float | None] = mapped_column(Float)
+    cpu_s: Mapped[float | None] = mapped_column(Float)
+    """CPU seconds of its process tree; None where the sandbox could not measure them (a container)."""
+    gpu_s: Mapped[float | None] = mapped_column(Float)
+    """Its wall time times the GPUs it was given (0 for a bundle captured without GPUs)."""
     runner: Mapped[str | None] = mapped_column(String(200))
     """The machine it ran on (`RunnerRow.id`: host and GPUs), what hardware attribution compares."""
     worker: Mapped[str | None] = mapped_column(String(200))

@@ -13,6 +13,8 @@ it works, so a task delivered twice does nothing twice and files no second repor
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -20,7 +22,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ from flaketriage.work import Queue, Step, WorkOrder, task_name
 from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.comments import Commenter
+from flaketriage.workers.cost import CostMeter, PhaseCost, TriageCost
 from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
 from flaketriage.workers.polluters import OrderTarget
@@ -167,7 +170,11 @@ class Pipeline:
                     break  # outcomes count in replay order, as if they had run one after another
                 test.add(Outcome(row.outcome))
             pending = any(row.outcome is None for row in rows)
-            if test.done:
+            cost = self._cost(rows, manifest)
+            # Spent before the test decided: the triage ends undecided here, with the counts so far.
+            spent = not test.done and not pending and cost.over_budget()
+            if test.done or spent:
+                cost.budget_spent = spent
                 result = TriageResult(
                     bundle_id=manifest.bundle_id,
                     verdict=test.result(),
@@ -180,6 +187,7 @@ class Pipeline:
                         if manifest.hardware.gpus
                         else None
                     ),
+                    cost=cost,
                 )
                 current = session.get(Work, work_id)
                 assert current is not None
@@ -227,6 +235,7 @@ class Pipeline:
                 minimize=False,
                 default_timeout_s=self.env.settings.replay_timeout_s,
                 memory_mb=self.env.settings.replay_memory_mb,
+                budget_s=self.env.settings.triage_budget_s,
             )
         with self.db.session() as session:
             record_replay(session, self.env.identity, replays=result.verdict.replays)
@@ -246,13 +255,14 @@ class Pipeline:
         work.finished_at = utc_now()
         work.heartbeat_at = None
         case = session.get(Case, work.case_id) if work.case_id else None
+        guess = result.budget_spent and not result.verdict.decided  # the budget stopped it: no verdict
         if case is not None:
-            case.verdict = str(result.verdict.verdict)
+            case.verdict = None if guess else str(result.verdict.verdict)
             case.status = CaseStatus.DECIDED.value
             case.evidence = data
         next_step = Step.REPORT
         queue: Queue | str = Queue.REPORT
-        if work.options.get("minimize") and should_minimize(manifest, result.verdict):
+        if work.options.get("minimize") and not guess and should_minimize(manifest, result.verdict):
             next_step, queue = Step.MINIMIZE, replay_queue(manifest)
         _, sent = self.env.dispatcher.request(
             session,
@@ -279,6 +289,7 @@ class Pipeline:
             started = time.monotonic()
             result = self.env.replayer(store_url, manifest).run()
             duration = time.monotonic() - started
+            cost = result.cost
             outcome, failure = result.outcome, result.failure
         except FlaketriageError as exc:
             # The replay could not run here (the bundle is gone, the sandbox failed): that is the
@@ -302,6 +313,8 @@ class Pipeline:
                         else None
                     ),
                     duration_s=duration,
+                    cpu_s=cost.cpu_s if cost is not None else None,
+                    gpu_s=cost.gpu_s if cost is not None else None,
                     runner=self.env.runner,
                     worker=self.env.worker,
                     finished_at=utc_now(),
@@ -331,7 +344,8 @@ class Pipeline:
             store_url = str(work.store_url)
             manifest = load_manifest(self.env.store(store_url), str(work.bundle_id))
             store = self.env.store(store_url, writable=True)
-            with Heartbeat(self.db, work_id):
+            metered = self._metered(self.env.replayer(store_url, manifest), triage_result.cost)
+            with metered as meter, Heartbeat(self.db, work_id):
                 minimizer = BundleMinimizer(
                     store,
                     self.env.replayer(store_url, manifest),
@@ -350,7 +364,11 @@ class Pipeline:
                     session,
                     work_id,
                     status=WorkStatus.DONE.value,
-                    result={"minimized": minimized.to_json() if minimized else None, "error": error},
+                    result={
+                        "minimized": minimized.to_json() if minimized else None,
+                        "error": error,
+                        "cost": meter.cost.to_json(),  # the triage's with minimization's
+                    },
                     finished_at=utc_now(),
                     heartbeat_at=None,
                 )
@@ -384,6 +402,8 @@ class Pipeline:
                 if minimized.get("minimized"):
                     result.minimized = MinimizeResult.from_json(minimized["minimized"])
                 result.minimize_error = minimized.get("error")
+                if minimized.get("cost"):
+                    result.cost = TriageCost.from_json(minimized["cost"])
             store = self.env.store(str(work.store_url), writable=True)
             manifest = load_manifest(store, str(work.bundle_id))
             ref = report(
@@ -547,6 +567,38 @@ class Pipeline:
             )
 
     # -- helpers ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _metered(self, replayer: Replayer, before: TriageCost | None) -> Iterator[CostMeter]:
+        """Count `replayer`'s runs as minimization, on top of the triage's cost `before`, within
+        the budget that is left; the replayer (kept for later replays) is unmetered after."""
+        meter = CostMeter(self.env.settings.triage_budget_s, replayer.gpus)
+        if before is not None:
+            meter.cost = copy.deepcopy(before)
+            meter.cost.budget_s = self.env.settings.triage_budget_s
+        meter.phase, replayer.meter = "minimize", meter
+        try:
+            yield meter
+        finally:
+            replayer.meter = None
+
+    def _cost(self, rows: Any, manifest: Manifest) -> TriageCost:
+        """What the finished replays of a triage cost, against ``FLAKETRIAGE_TRIAGE_BUDGET_S``."""
+        verdict = PhaseCost()
+        for row in rows:
+            if row.outcome is None or row.outcome == Outcome.ENVIRONMENT:
+                continue  # still running, or nothing ran
+            verdict.runs += 1
+            verdict.cpu_s += row.cpu_s or 0.0
+            verdict.gpu_s += row.gpu_s or 0.0
+            verdict.wall_s += row.duration_s or 0.0
+            verdict.unmeasured += row.cpu_s is None
+        gpus = len(self.env.context.gpus().gpus) if manifest.hardware.gpus else 0
+        return TriageCost(
+            phases={**TriageCost().phases, "verdict": verdict},
+            gpus=gpus,
+            budget_s=self.env.settings.triage_budget_s,
+        )
+
     def _work(self, work_id: int) -> Work:
         with self.db.session() as session:
             work = session.get(Work, work_id)

@@ -30,6 +30,7 @@ from flaketriage.redaction import MASK
 from flaketriage.replay_env import REPLAY_SETTINGS
 from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S, Settings
 from flaketriage.store import Store
+from flaketriage.workers.cost import CostMeter, RunCost
 from flaketriage.workers.environments import choose_mode
 from flaketriage.workers.gpus import RunnerGPUs, gpu_difference, runner_gpus
 from flaketriage.workers.interpreter import interpreter_paths
@@ -56,6 +57,8 @@ class ReplayResult:
     """The files a `Variant` asked for (its ``artifacts``) that the run wrote, by name."""
     reason: str | None = None
     """Why nothing ran, for an `Outcome.ENVIRONMENT` (the bundle's environment cannot be had here)."""
+    cost: RunCost | None = None
+    """What the run cost (`flaketriage.workers.cost`); None when nothing ran."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +191,15 @@ class Replayer:
             """Why the bundle's environment cannot be had here: every run is `Outcome.ENVIRONMENT`."""
             self._prepare_environment()
             self._interpreters = self._interpreter_dirs()
+            runner = context.gpus() if manifest.hardware.gpus else None
             self.hardware_difference: str | None = (
-                gpu_difference(manifest.hardware, context.gpus()) if manifest.hardware.gpus else None
+                gpu_difference(manifest.hardware, runner) if runner is not None else None
             )
             """``ran on a different GPU: ...`` when this runner's GPUs are not the bundle's."""
+            self.gpus = len(runner.gpus) if runner is not None else 0
+            """The GPUs each run is given: the runner's, for a bundle captured on GPUs."""
+            self.meter: CostMeter | None = None
+            """Counts each run's cost into a triage's phase and refuses a run past its budget."""
         except BaseException:
             self.close()  # a bundle that cannot be materialized leaves nothing behind
             raise
@@ -324,9 +332,14 @@ class Replayer:
 
     # -- one run --------------------------------------------------------------------------------
     def run(self, variant: Variant | None = None) -> ReplayResult:
-        """One replay in a private copy of the workspace."""
+        """One replay in a private copy of the workspace.
+
+        Raises `BudgetSpentError` instead when `meter` says the triage's budget is spent.
+        """
         if self.environment_error is not None:
             return self._no_environment()
+        if self.meter is not None:
+            self.meter.check()
         self._count += 1
         ws = self.template.copy(self._tmp / f"run-{self._count}")
         try:
@@ -356,7 +369,9 @@ class Replayer:
             except ReplayEnvironmentError as exc:  # a sandbox that builds environments could not
                 self.environment_error = str(exc)
                 return self._no_environment()
-            replay = self._classify(result, ws)
+            replay = dataclasses.replace(self._classify(result, ws), cost=RunCost.of(result, self.gpus))
+            if self.meter is not None and replay.cost is not None:
+                self.meter.record(replay.cost)
             if variant and variant.artifacts:
                 replay = dataclasses.replace(replay, artifacts=_read_artifacts(ws.cwd, variant.artifacts))
             return replay

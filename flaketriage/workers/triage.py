@@ -17,6 +17,7 @@ then decides whether there is anything to search; the polluters found must repro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flaketriage.bundle import load_manifest
-from flaketriage.errors import MinimizeError
+from flaketriage.errors import BudgetSpentError, MinimizeError
 from flaketriage.fingerprint import FailureInfo
 from flaketriage.manifest import Manifest
 from flaketriage.os_strings import shell_join
@@ -32,6 +33,7 @@ from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEO
 from flaketriage.store import Store
 from flaketriage.workers.attribution import Attribution
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
+from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
 from flaketriage.workers.replay import ReplayContext, Replayer
@@ -101,6 +103,14 @@ class TriageResult:
     """The environment the replays ran in (`Replayer.environment_summary`): ``mode`` (``bundle`` or
     ``worker``), and for ``bundle`` its key's ``digest``, ``python``, ``packages``, whether this
     triage ``built`` it and how long that took (``build_s``)."""
+    cost: TriageCost | None = None
+    """The CPU, GPU and wall seconds of its replays by phase, and its budget
+    (`flaketriage.workers.cost`)."""
+
+    @property
+    def budget_spent(self) -> bool:
+        """The budget stopped this triage before it was done: its verdict is undecided."""
+        return self.cost is not None and self.cost.budget_spent
 
     @property
     def polluters(self) -> list[str]:
@@ -140,6 +150,7 @@ class TriageResult:
             "telemetry": self.telemetry,
             "hardware_difference": self.hardware_difference,
             "environment": self.environment,
+            "cost": self.cost.to_json() if self.cost else None,
         }
 
     @classmethod
@@ -164,6 +175,7 @@ class TriageResult:
             telemetry=data.get("telemetry"),
             hardware_difference=data.get("hardware_difference"),
             environment=data.get("environment"),
+            cost=TriageCost.from_json(data["cost"]) if data.get("cost") else None,
         )
 
 
@@ -190,7 +202,20 @@ class SequentialReplays:
     def run(self, until: int | None = None) -> None:
         """Replay until the test is done (or, given `until`, until that many replays in all)."""
         limit = self.policy.max_replays if until is None else min(until, self.policy.max_replays)
+        meter = self._meter()
+        with meter.during("verdict") if meter is not None else contextlib.nullcontext():
+            self._run(limit)
+
+    def _meter(self) -> CostMeter | None:
+        # A stand-in replayer (a simulation's, a test's) may keep no meter.
+        meter: CostMeter | None = getattr(self.replayer, "meter", None)
+        return meter
+
+    def _run(self, limit: int) -> None:
+        meter = self._meter()
         while not self.test.done and self.test.replays < limit:
+            if meter is not None and meter.exhausted():
+                return  # the budget is spent: the test stays undecided, with the counts so far
             if self.progress:
                 self.progress("replaying", self.test.replays, self.policy.max_replays)
             result = self.replayer.run()
@@ -292,6 +317,7 @@ def triage(
     memory_mb: int | None = None,
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
     progress: ProgressFn | None = None,
+    budget_s: float | None = None,
 ) -> TriageResult:
     """The whole loop for one bundle.
 
@@ -299,7 +325,10 @@ def triage(
     it changes no process-wide state, so several triages can run at once in one process's threads.
     `timeout_s` is every replay's limit when given; otherwise the capture's own, else
     `default_timeout_s` (``FLAKETRIAGE_REPLAY_TIMEOUT_S``). `tail_lines`
-    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how much of stderr an issue shows.
+    (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how much of stderr an issue shows. `budget_s`
+    (``FLAKETRIAGE_TRIAGE_BUDGET_S``) caps the CPU plus GPU seconds of its replays
+    (`flaketriage.workers.cost`): spent before the verdict is decided, it ends undecided and
+    reports nothing.
     """
     manifest = load_manifest(store, ident)
     bundle_id = manifest.bundle_id
@@ -312,21 +341,31 @@ def triage(
         default_timeout_s=default_timeout_s,
         memory_mb=memory_mb,
     ) as replayer:
+        # Runs outside the sequential test's own loop (it counts its "verdict" runs itself) and
+        # before minimization are the order search's.
+        meter = replayer.meter = CostMeter(budget_s, replayer.gpus)
+        meter.phase = "order"
         replays = SequentialReplays(replayer, policy, progress)
         target = OrderTarget.of(manifest)
-        search = decide_order(replays, target, progress) if target is not None else None
-        if search is not None and search.found:
-            verdict = dataclasses.replace(
-                replays.test.result(), verdict=Verdict.ORDER_DEPENDENT, decided=True
-            )
-        else:
-            replays.run()
-            verdict = replays.test.result()
-            setters = decide_setters(replays, target, progress) if target is not None else None
-            if setters is not None:
-                search = setters
-                if setters.found:
-                    verdict = dataclasses.replace(verdict, verdict=Verdict.ORDER_DEPENDENT)
+        search: PolluterSearch | None = None
+        try:
+            search = decide_order(replays, target, progress) if target is not None else None
+            if search is not None and search.found:
+                verdict = dataclasses.replace(
+                    replays.test.result(), verdict=Verdict.ORDER_DEPENDENT, decided=True
+                )
+            else:
+                replays.run()
+                verdict = replays.test.result()
+                setters = decide_setters(replays, target, progress) if target is not None else None
+                if setters is not None:
+                    search = setters
+                    if setters.found:
+                        verdict = dataclasses.replace(verdict, verdict=Verdict.ORDER_DEPENDENT)
+        except BudgetSpentError:
+            # Stopped inside an order search: a search cut short names nothing, and the verdict it
+            # was asked to refine is not the triage's answer, so it is undecided with the counts so far.
+            search, verdict = None, dataclasses.replace(replays.test.result(), decided=False)
         result = TriageResult(
             bundle_id=bundle_id,
             verdict=verdict,
@@ -335,7 +374,9 @@ def triage(
             hang=replays.hang,
             hardware_difference=replayer.hardware_difference,
             environment=replayer.environment_summary(),
+            cost=meter.cost,
         )
+        meter.phase = "minimize"
         if minimize and should_minimize(manifest, verdict):
             try:
                 minimizer = BundleMinimizer(
@@ -347,7 +388,7 @@ def triage(
                     progress=(lambda msg: progress(msg, 0, 0)) if progress else None,
                 )
                 result.minimized = minimizer.run()
-            except MinimizeError as exc:
+            except (MinimizeError, BudgetSpentError) as exc:  # spent: no minimal bundle, never a wrong one
                 result.minimize_error = str(exc)
     result.report = report(store, manifest, result, sink, quarantine, tail_lines=tail_lines)
     return result
@@ -370,6 +411,8 @@ def report(
     (a retried task) counts no second occurrence on the issue.
     """
     v = result.verdict
+    if result.budget_spent and not v.decided:
+        return None  # its verdict is a guess: the budget stopped it first
     issue_verdicts = (Verdict.DETERMINISTIC, Verdict.ORDER_DEPENDENT, Verdict.ENVIRONMENT_SPECIFIC)
     if v.verdict in issue_verdicts and sink is not None:
         return sink.upsert(_draft(store, manifest, result, tail_lines, key))
@@ -385,7 +428,8 @@ def report(
             command=shell_join(manifest.command.argv),
             bundle_id=result.bundle_id,
             evidence=evidence_of(v),
-            reason=f"flaky: reproduced {v.reproductions} of {v.replays} replays",
+            reason=f"flaky: reproduced {v.reproductions} of {v.replays} replays"
+            + (f"; triage cost {result.cost.line()}" if result.cost is not None else ""),
             issue_url=issue.location if issue is not None else None,
         )
     return None
@@ -411,4 +455,5 @@ def _draft(
         runners=result.attribution.lines() if result.attribution else (),
         hang=result.hang,
         telemetry=result.telemetry,
+        cost=result.cost,
     )

@@ -23,6 +23,7 @@ from flaketriage.ci.source import SourceLimits
 from flaketriage.git import Git
 from flaketriage.store import LocalStore
 from flaketriage.workers.bundle_minimizer import MinimizeResult
+from flaketriage.workers.cost import PHASES, PhaseCost, TriageCost
 from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink, ReportKind, ReportRef
@@ -166,6 +167,17 @@ polluter_searches = st.builds(
     confirm_runs=counts,
     replays=counts,
 )
+seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+phase_costs = st.builds(
+    PhaseCost, runs=counts, cpu_s=seconds, gpu_s=seconds, wall_s=seconds, unmeasured=counts
+)
+triage_costs = st.builds(
+    TriageCost,
+    phases=st.dictionaries(st.sampled_from(PHASES), phase_costs),
+    gpus=counts,
+    budget_s=st.none() | seconds,
+    budget_spent=st.booleans(),
+)
 triage_results = st.builds(
     TriageResult,
     bundle_id=texts,
@@ -181,6 +193,7 @@ triage_results = st.builds(
     | st.fixed_dictionaries(
         {"mode": st.just("bundle"), "digest": texts, "built": st.booleans(), "build_s": st.just(1.5)}
     ),
+    cost=st.none() | triage_costs,
 )
 
 
@@ -231,7 +244,7 @@ def test_triage_json_has_the_documented_shape() -> None:
         "bundle", "verdict", "decided", "replays", "failures", "passes", "different_failures",
         "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "order_cause", "polluter_search",
         "minimal_bundle", "minimal", "minimize_error", "report", "hang", "attribution", "telemetry",
-        "hardware_difference", "environment",
+        "hardware_difference", "environment", "cost",
     ]  # fmt: skip
     assert data["minimal_bundle"] == "c" * 64
     assert data["minimal"] == {

@@ -27,6 +27,7 @@ from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
+from flaketriage.workers.cost import TriageCost
 from flaketriage.workers.polluters import PolluterSearch, repeat_base
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.samplers import summary_lines
@@ -88,6 +89,7 @@ def render_issue(
     runners: Sequence[str] = (),
     hang: str | None = None,
     telemetry: Mapping[str, Any] | None = None,
+    cost: TriageCost | None = None,
 ) -> IssueDraft:
     """The issue for `manifest`'s failure after triage; logs are read from `store`.
 
@@ -99,7 +101,8 @@ def render_issue(
     (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how many of the last lines of stderr the issue shows;
     `key` is the draft's idempotency key (the triage that reports it); `now` dates presigned links;
     `runners` says what the replays did on each runner (`Attribution.lines`); `hang` is the stacks
-    dumped from a replay that hung; `telemetry` a telemetry run's summary (`TelemetryRun`).
+    dumped from a replay that hung; `telemetry` a telemetry run's summary (`TelemetryRun`); `cost`
+    what the triage's replays cost (`flaketriage.workers.cost`).
     """
     kind = str(verdict.verdict)
     labels = ["flaketriage", kind]
@@ -113,6 +116,7 @@ def render_issue(
         _replay_hang(hang, manifest),
         _findings(findings),
         _telemetry(telemetry),
+        triage_cost(cost),
         _environment(manifest),
         _source(manifest),
         _reproduction(bundle_id, minimal, minimal_bundle_id),
@@ -365,6 +369,19 @@ def _telemetry(telemetry: Mapping[str, Any] | None) -> str | None:
         return None
     shown = (inert(_clip(line, MAX_LINE)) for line in summary_lines(telemetry))
     return "\n".join(["## Telemetry run", "", *(f"- {line}" for line in shown)])
+
+
+def triage_cost(cost: TriageCost | None) -> str | None:
+    """The issue's section on what the triage cost: the totals, then a row per phase that ran."""
+    if cost is None or not cost.runs:
+        return None
+    rows = [
+        f"| {name} | {p.runs} | {p.cpu_s:.1f} | {p.gpu_s:.1f} | {p.wall_s:.1f} |"
+        for name, p in cost.phases.items()
+        if p.runs
+    ]
+    table = ["| phase | runs | CPU s | GPU s | wall s |", "| --- | --- | --- | --- | --- |", *rows]
+    return "\n".join(["## What the triage cost", "", cost.line(), "", *table])
 
 
 def _findings(findings: Sequence[str]) -> str | None:
