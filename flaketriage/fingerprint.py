@@ -324,10 +324,38 @@ def _exit_info(exit_code: int, signal_name: str | None, stdout: str, stderr: str
         "signal" if signal_name else "exit",
         f"{status}|{normalize_message(line)}",
         message=line.strip()[:_MAX_RAW_MESSAGE] or None,
-        detail=status,
+        detail=_pytest_refusal(exit_code, stdout, stderr) or status,
         exit_code=exit_code,
         signal=signal_name,
     )
+
+
+# pytest's exit statuses for a run that tested nothing (`ExitCode.USAGE_ERROR`, `NO_TESTS_COLLECTED`).
+_PYTEST_REFUSALS = {4: "pytest usage error", 5: "pytest collected no tests"}
+# pytest writes each usage error as "ERROR: <why>" (`ERROR: not found: t.py::test_x`); for an
+# unknown option the why follows on argparse's "<prog>: error: <why>" line, not its "usage:" line.
+_PYTEST_USAGE = re.compile(r"^(?:ERROR: (?!usage: )\S.*|\S.*?: error: \S.*)$", re.MULTILINE)
+# The closing line of a session that ran nothing: "=== no tests ran in 0.10s ===", "=== 2 deselected ... ===".
+_PYTEST_NOTHING = re.compile(
+    r"^=+ (?P<what>(?:no tests ran|\d+ deselected)\b.*?)(?: in [\d.]+s\b.*?)? =+\s*$", re.MULTILINE
+)
+_MAX_REFUSAL_LINES = 5
+
+
+def _pytest_refusal(exit_code: int, stdout: str, stderr: str) -> str | None:
+    """``exit:4 (pytest usage error): ERROR: not found: ...`` for a pytest run that tested nothing,
+    with pytest's own reasons; None for any other exit (or output pytest did not write)."""
+    what = _PYTEST_REFUSALS.get(exit_code)
+    if what is None:
+        return None
+    texts = [strip_ansi(stderr), strip_ansi(stdout)]
+    reasons = [m.group(0).strip() for text in texts for m in _PYTEST_USAGE.finditer(text)]
+    if not reasons:
+        ends = [m.group("what").strip() for text in texts for m in _PYTEST_NOTHING.finditer(text)]
+        reasons = ends[-1:]
+    if not reasons:
+        return None
+    return (f"exit:{exit_code} ({what}): " + "; ".join(reasons[:_MAX_REFUSAL_LINES]))[:_MAX_RAW_MESSAGE]
 
 
 def _last_error_line(text: str) -> str:

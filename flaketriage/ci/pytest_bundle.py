@@ -65,6 +65,27 @@ class SessionFacts:
     """When the session started: files modified since are outputs of the tests, not source."""
     randomly_seed: int | None = None
     """pytest-randomly's seed when that plugin shuffled the session."""
+    plugins: tuple[str, ...] = ()
+    """Plugins the command line loaded by name (``-p NAME``): with autoloading off
+    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``) the rerun loads them the same way."""
+    repeat: tuple[int, str] | None = None
+    """pytest-repeat's ``--count`` and ``--repeat-scope`` when it repeated the tests: its ids
+    (``test_x[2-3]``) exist only under the same options."""
+    xdist: bool = False
+    """pytest-xdist was loaded: the rerun runs in one process (``-n 0``) whatever ``addopts`` say."""
+
+    def plugin_options(self) -> list[str]:
+        """The options that give the rerun the session's plugins and their ids."""
+        options: list[str] = []
+        for name in self.plugins:
+            options += ["-p", name]
+        if self.repeat is not None:
+            count, scope = self.repeat
+            options += [*(() if "repeat" in self.plugins else ("-p", "repeat")), f"--count={count}"]
+            options.append(f"--repeat-scope={scope}")
+        if self.xdist:
+            options += ["-n", "0"]
+        return options
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,8 @@ class FailedTest:
     reports: Sequence[FailedReport]
     preceding: Sequence[str]
     """Ids (same form) of the tests that ran before it in this process, in order."""
+    following: Sequence[str] = ()
+    """Ids (same form) of the tests the session was still to run after it, in order."""
     elapsed_s: float = 0.0
     """Seconds from the session's start to the end of this test."""
     annotations: Mapping[str, Any] = field(default_factory=dict)
@@ -83,9 +106,14 @@ class FailedTest:
 
 
 def rerun_argv(nodeid: str, facts: SessionFacts) -> list[str]:
-    """``python -m pytest NODEID`` with the settings every replay runs it under (the polluter
-    search puts earlier tests just before NODEID)."""
-    argv = [sys.executable, "-m", "pytest", nodeid, "-p", "no:cacheprovider", "-rfE", "--color=no"]
+    """``python -m pytest OPTIONS -- NODEID``: the settings every replay runs it under, then the test.
+
+    pytest puts ini ``addopts`` and ``PYTEST_ADDOPTS`` in front of the command line, so whatever
+    follows them is read as their continuation: after an option whose value is optional (``--cov``)
+    a node id right behind them would be taken as its value, and the rerun would run every test.
+    Options come first, and ``--`` ends them: the node ids after it are only ever node ids. The
+    polluter search puts earlier tests just before NODEID (after the ``--``)."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", "--color=no"]
     if facts.randomly_seed is not None:
         # The same seed reseeds `random` (and numpy, faker...) for each test the same way; keeping
         # the order as given lets the polluter search choose it.
@@ -97,7 +125,8 @@ def rerun_argv(nodeid: str, facts: SessionFacts) -> list[str]:
         argv.append("-" + ("v" if facts.verbose > 0 else "q") * abs(facts.verbose))
     if facts.force_short_summary:
         argv.append("--force-short-summary")
-    return argv
+    argv += facts.plugin_options()
+    return [*argv, "--", nodeid]
 
 
 def rerun_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -216,6 +245,7 @@ class SessionCapture:
         context = PytestContext(
             node_id=failure.nodeid,
             preceding=tuple(failure.preceding),
+            following=tuple(failure.following),
             rootdir=str(self.facts.rootdir),
             invocation_dir=str(self.facts.invocation_dir),
             duration_s=round(duration, 3),

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest
+from flaketriage.bundle import list_bundles, load_manifest, write_bundle
 from flaketriage.ci.pytest_plugin import Captured, summary
 from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
@@ -172,7 +172,8 @@ def test_after():
     assert manifest.failure.test_id == nodeid
     assert manifest.failure.message == "assert [1, 2] == [1, 3]"
     argv = manifest.command.argv
-    assert argv[:4] == (sys.executable, "-m", "pytest", nodeid)
+    # Options first, then "--" and the node id: nothing an ini's addopts ends with can take it.
+    assert argv[:3] == (sys.executable, "-m", "pytest") and argv[-2:] == ("--", nodeid)
     assert {"no:cacheprovider", "no:randomly", "-rfE", "--color=no"} <= set(argv)
     assert manifest.command.cwd == str(pytester.path)
     assert manifest.command.env["COLUMNS"] == "1000"
@@ -282,7 +283,10 @@ def test_every_failure_shape_replays_as_a_reproduction(
     # ...and every shape at once: each bundle's rerun command with all the failing tests, in one
     # process, read per test the way the polluter search reads it.
     some = bundles["test_shapes.py::test_long_message"]
-    target = OrderTarget(nodeid=some.failure.test_id or "", preceding=(), argv=some.command.argv, position=3)
+    nodeid = some.failure.test_id or ""
+    target = OrderTarget(
+        nodeid=nodeid, preceding=(), argv=some.command.argv, position=some.command.argv.index(nodeid)
+    )
     with Replayer(
         LocalStore(store_dir), some, ProcessSandbox(), context=ReplayContext.from_process()
     ) as replayer:
@@ -346,6 +350,82 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
     search = data["polluter_search"]
     assert (search["confirmations"], search["confirm_runs"]) == (1, 1)
     assert search["oracle_calls"] <= 2 * 3.17 + 5
+
+
+# An option whose value is optional, like pytest-cov's ``--cov``: at the end of ``addopts`` it takes
+# whatever argument follows it as its value when that argument does not look like an option.
+OPTIONAL_VALUE_OPTION = """
+def pytest_addoption(parser):
+    parser.addoption("--opt", nargs="?", const="all", default=None)
+"""
+
+
+@pytest.mark.usefixtures("only_our_plugin")
+@pytest.mark.parametrize("how", ["ini", "env"])
+def test_addopts_ending_in_an_optional_value_option_do_not_take_the_node_id(
+    pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    pytester.makepyfile(**ORDER_SUITE)
+    pytester.makeconftest(OPTIONAL_VALUE_OPTION)
+    if how == "ini":
+        pytester.makeini("[pytest]\naddopts = --opt\n")
+    else:
+        monkeypatch.setenv("PYTEST_ADDOPTS", "--opt")
+    assert run(pytester, store_dir).ret == 1
+    (manifest,) = captured(store_dir)
+    with Replayer(
+        LocalStore(store_dir), manifest, ProcessSandbox(), context=ReplayContext.from_process()
+    ) as replayer:
+        alone = replayer.run()
+    # The victim alone, not the whole suite that a node id taken as --opt's value would leave.
+    assert alone.outcome is Outcome.PASSED
+    assert "1 passed" in alone.process.stdout and "10 passed" not in alone.process.stdout
+    result = _triage(store_dir, manifest)
+    assert result.verdict.verdict is Verdict.ORDER_DEPENDENT
+    assert result.polluters == ["test_a.py::test_pollutes"]
+
+
+@pytest.mark.usefixtures("only_our_plugin")
+def test_a_bundle_with_the_node_id_before_the_options_still_replays_and_is_searched(
+    pytester: pytest.Pytester, store_dir: Path
+) -> None:
+    # Bundles captured before the rerun command put its options first name the test right after
+    # ``pytest``: the polluter search finds it wherever it is.
+    pytester.makepyfile(**ORDER_SUITE)
+    assert run(pytester, store_dir).ret == 1
+    (captured_now,) = captured(store_dir)
+    argv = list(captured_now.command.argv)
+    nodeid = argv.pop()
+    assert argv.pop() == "--"
+    older = captured_now.command.model_copy(update={"argv": (*argv[:3], nodeid, *argv[3:])})
+    store = LocalStore(store_dir)
+    manifest = load_manifest(store, write_bundle(store, captured_now.model_copy(update={"command": older})))
+    target = OrderTarget.of(manifest)
+    assert target is not None and target.position == 3
+    result = _triage(store_dir, manifest)
+    assert result.verdict.verdict is Verdict.ORDER_DEPENDENT
+    assert result.polluters == ["test_a.py::test_pollutes"]
+
+
+@pytest.mark.usefixtures("only_our_plugin")
+def test_a_replay_that_pytest_refuses_says_why_in_the_finding(
+    pytester: pytest.Pytester, store_dir: Path
+) -> None:
+    pytester.makepyfile(test_one=FAILING)
+    assert run(pytester, store_dir).ret == 1
+    (captured_now,) = captured(store_dir)
+    # The rerun names a test its source does not have: pytest exits 4 with "ERROR: not found: ...".
+    argv = (*captured_now.command.argv[:-1], "test_one.py::test_gone")
+    store = LocalStore(store_dir)
+    changed = captured_now.model_copy(
+        update={"command": captured_now.command.model_copy(update={"argv": argv})}
+    )
+    manifest = load_manifest(store, write_bundle(store, changed))
+    result = _triage(store_dir, manifest)
+    (finding,) = result.findings
+    assert finding.kind == "exit"
+    assert finding.summary.startswith("exit:4 (pytest usage error): ERROR: not found: ")
+    assert finding.summary.rstrip().endswith("test_one.py::test_gone")
 
 
 @pytest.mark.usefixtures("only_our_plugin")

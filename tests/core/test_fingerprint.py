@@ -367,6 +367,62 @@ def test_exit_uses_the_last_error_line() -> None:
     assert info is not None and info.signature == "exit:2|last line <n>"
 
 
+PYTEST_NOT_FOUND = "ERROR: not found: /x/test_a.py::test_b\n(no match in any of [<Module test_a.py>])\n\n"
+PYTEST_UNKNOWN_OPTION = (
+    "ERROR: usage: python -m pytest [options] [file_or_dir] [file_or_dir] [...]\n"
+    "python -m pytest: error: unrecognized arguments: --cov\n  inifile: /x/pytest.ini\n  rootdir: /x\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stdout", "stderr", "detail"),
+    [
+        (
+            4,
+            "=== no tests ran in 0.10s ===\n",
+            PYTEST_NOT_FOUND,
+            "exit:4 (pytest usage error): ERROR: not found: /x/test_a.py::test_b",
+        ),
+        (
+            4,
+            "",
+            PYTEST_UNKNOWN_OPTION,
+            "exit:4 (pytest usage error): python -m pytest: error: unrecognized arguments: --cov",
+        ),
+        (
+            4,
+            "",
+            "ERROR: file or directory not found: a.py\n\nERROR: file or directory not found: b.py\n",
+            "exit:4 (pytest usage error): ERROR: file or directory not found: a.py; "
+            "ERROR: file or directory not found: b.py",
+        ),
+        (
+            5,
+            "collected 2 items / 2 deselected / 0 selected\n\n===== 2 deselected in 0.11s =====\n",
+            "",
+            "exit:5 (pytest collected no tests): 2 deselected",
+        ),
+        (
+            5,
+            "collected 0 items\n\n===== no tests ran in 0.10s =====\n",
+            "",
+            "exit:5 (pytest collected no tests): no tests ran",
+        ),
+        # Not pytest's words, or not its statuses: the status alone.
+        (4, "", "could not open the device\n", "exit:4"),
+        (3, "", "ERROR: not found: x\n", "exit:3"),
+    ],
+)
+def test_a_pytest_run_that_tested_nothing_says_why(
+    exit_code: int, stdout: str, stderr: str, detail: str
+) -> None:
+    info = fingerprint_failure(exit_code=exit_code, stdout=stdout, stderr=stderr)
+    assert info is not None and info.kind == "exit"
+    assert info.detail == detail
+    # The reason is for people: the signature stays the status and the last error line.
+    assert info.signature.startswith(f"exit:{exit_code}|")
+
+
 def test_signal() -> None:
     info = fingerprint_failure(
         exit_code=-signal.SIGSEGV, stdout="", stderr="Fatal Python error: Segmentation fault"
