@@ -2,7 +2,8 @@
 
 In a git repository the bundle records the commit, the remote, ``git diff --binary HEAD`` and the
 untracked, non-ignored files; elsewhere (or with ``--snapshot``) every file of the working
-directory that .gitignore does not exclude, within size caps. Git runs through `flaketriage.git.Git`
+directory that .gitignore does not exclude, within size caps. Python environments inside the
+checkout (`ENVIRONMENT_MARKERS`) are never source. Git runs through `flaketriage.git.Git`
 (`CAPTURE_GIT` unless the caller passes its own). What the files may hold is `TreeCapture`'s to
 decide (links, credential files, masked secrets); the diff leaves credential files out and has the
 secrets of its added lines masked.
@@ -28,6 +29,11 @@ from flaketriage.stored_files import TreeCapture
 
 ALWAYS_SKIPPED = {".git", ".flaketriage", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
+"""A directory holding one of these is a Python environment (a virtualenv, a conda environment):
+what is installed, not source, and the replay builds its own. Left out whether or not .gitignore
+names it: a checkout's ``.venv`` is thousands of files that would make every bundle and replay slow."""
 
 CAPTURE_GIT = Git(timeout_s=60.0)
 """The git capture runs by default: this process's environment, and at most a minute a command, so
@@ -79,10 +85,27 @@ def plan_source(cwd: Path, snapshot: bool = False, git: Git = CAPTURE_GIT) -> So
     return SourcePlan("git", cwd, root, commit, _stat_all(root, names))
 
 
+def is_environment(path: str | os.PathLike[str]) -> bool:
+    """Whether the directory at ``path`` is a Python environment (`ENVIRONMENT_MARKERS`)."""
+    return any(os.path.lexists(os.path.join(path, marker)) for marker in ENVIRONMENT_MARKERS)
+
+
 def _stat_all(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
+    environments: dict[str, bool] = {}  # per directory: a tree has far fewer than files
+
+    def in_environment(name: str) -> bool:
+        parts = name.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            if folder not in environments:
+                environments[folder] = is_environment(os.path.join(root, folder))
+            if environments[folder]:
+                return True
+        return False
+
     for name in names:
-        if any(part in ALWAYS_SKIPPED for part in name.split("/")):
+        if any(part in ALWAYS_SKIPPED for part in name.split("/")) or in_environment(name):
             continue
         try:
             st = os.lstat(os.path.join(root, name))  # a link is listed as a link: `TreeCapture` decides
@@ -175,7 +198,9 @@ def _walk_with_gitignore(root: Path) -> list[str]:
         dirnames[:] = sorted(
             d
             for d in dirnames
-            if d not in ALWAYS_SKIPPED and not (spec and spec.match_file(os.path.join(rel_dir, d) + "/"))
+            if d not in ALWAYS_SKIPPED
+            and not (spec and spec.match_file(os.path.join(rel_dir, d) + "/"))
+            and not is_environment(os.path.join(dirpath, d))
         )
         # A linked directory is listed like a file (as a link), never entered.
         links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
