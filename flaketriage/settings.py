@@ -146,8 +146,9 @@ class Settings(BaseSettings):
         default=None,
         gt=0,
         description="Most CPU plus GPU seconds the replays of one triage may use (a GPU second is a "
-        "second of wall time on each GPU a replay is given); checked before each replay, and a triage "
-        "that runs out ends undecided with its evidence so far and reports nothing. Unset: no cap.",
+        "second of wall time on each GPU a replay is given); checked before each replay (in the service, "
+        "before each batch), and a triage that runs out ends undecided with its evidence so far and "
+        "reports nothing. Unset: no cap. `triage --budget` sets it for one triage.",
     )
     flaky_rate_replays: int = Field(
         default=20,

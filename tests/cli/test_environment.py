@@ -75,3 +75,5 @@ def test_triage_on_other_gpus_prints_the_difference(cli, tmp_path: Path) -> None
     data = json.loads(cli("triage", bundle, "--sandbox", "process", "--json", env=env).stdout)
     assert data["hardware_difference"].startswith("ran on a different GPU:")
     assert data["environment"] == {"mode": "worker"}
+    # A bundle captured on a GPU is given the runner's (here 1): each replay costs its wall time on it.
+    assert data["cost"]["gpus"] == 1 and data["cost"]["gpu_s"] == data["cost"]["wall_s"] > 0

@@ -17,7 +17,7 @@ from flaketriage.store import LocalStore
 from flaketriage.workers.cost import CostMeter, PhaseCost, RunCost, TriageCost
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink
-from flaketriage.workers.sandbox import ProcessSandbox
+from flaketriage.workers.sandbox import MemorySandbox, ProcessSandbox, SandboxSpec
 from flaketriage.workers.triage import TriageResult, triage
 from flaketriage.workers.verdict import SequentialTest, Verdict, VerdictPolicy
 
@@ -140,3 +140,51 @@ def test_results_recorded_before_costs_read_back_without_one() -> None:
     del data["cost"]
     old = TriageResult.from_json(data)
     assert old.cost is None and not old.budget_spent
+
+
+def test_a_budget_spent_in_minimization_keeps_the_decided_verdict_and_gives_no_minimal_bundle(
+    tmp_path: Path,
+) -> None:
+    """Every run costs exactly 1 CPU s here: 5 decide, the 6th (minimization's first) spends the 5.5."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "rows.csv").write_text("id\n" + "".join(f"{i}\n" for i in range(50)))
+    (root / "job.py").write_text("raise ValueError('boom 17')\n")
+    store = LocalStore(tmp_path / "store")
+    request = CaptureRequest(
+        argv=[sys.executable, "job.py"],
+        cwd=root,
+        limits=SourceLimits(1 << 20, 1 << 24),
+        echo=False,
+        data=[root / "rows.csv"],
+    )
+    captured = run_and_capture(store, request)
+    assert captured.bundle_id
+
+    def respond(spec: SandboxSpec) -> ProcessResult:
+        tb = f'Traceback (most recent call last):\n  File "{spec.cwd}/job.py", line 1, in <module>\n'
+        stderr = tb + "ValueError: boom 17\n"
+        return ProcessResult(
+            exit_code=1, stdout="", stderr=stderr, timed_out=False, duration_s=0.5, cpu_s=1.0
+        )
+
+    sink = MemoryIssueSink()
+    context = ReplayContext.from_process()
+    result = triage(
+        store,
+        captured.bundle_id,
+        sandbox=MemorySandbox(respond=respond),
+        policy=VerdictPolicy(),
+        sink=sink,
+        quarantine=None,
+        context=ReplayContext(base_env=context.base_env, temp_root=tmp_path / "tmp", git=context.git),
+        minimize=True,
+        budget_s=5.5,
+    )
+    assert result.verdict.decided and result.verdict.verdict is Verdict.DETERMINISTIC
+    assert result.minimized is None and result.minimize_error and "budget" in result.minimize_error
+    cost = result.cost
+    assert cost is not None and cost.budget_spent
+    assert (cost.phases["verdict"].runs, cost.phases["minimize"].runs) == (5, 1)
+    assert cost.cpu_s == 6.0 and cost.wall_s == 3.0
+    assert len(sink.issues) == 1  # a decided verdict is reported; only the minimal bundle is missing

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.orchestrator.cases import CaseQuery
 from flaketriage.orchestrator.intake import Intake, Sighting
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
@@ -162,6 +163,27 @@ def test_a_deterministic_failure_is_decided_in_batches_minimized_and_reported_on
     issue = next(iter(world.sink.issues.values()))
     assert issue.occurrences == 1
     assert case.report_url and case.evidence and case.evidence["verdict"] == "deterministic"
+    # What it cost adds up across the steps: the 8 replays of the verdict's batches, then minimization's.
+    assert all(r.cpu_s is not None and r.cpu_s > 0 and r.gpu_s == 0 for r in replays)
+    cost = CaseQuery(world.database).get(case_id).cost  # type: ignore[union-attr]
+    assert cost is not None and cost.phases["verdict"].runs == 8 and not cost.budget_spent
+    assert cost.runs == 8 + cost.phases["minimize"].runs and cost.cpu_s >= sum(r.cpu_s or 0 for r in replays)
+    assert "## What the triage cost" in issue.body
+
+
+def test_a_spent_budget_stops_the_service_s_triage_after_a_batch_undecided_and_unreported(
+    world: World,
+) -> None:
+    world.env.settings = world.env.settings.model_copy(update={"triage_budget_s": 0.01})
+    case_id = world.announce(world.capture(DETERMINISTIC))
+    world.drive()
+    case = world.case(case_id)
+    # One batch of 4 spent the budget: no second batch, no verdict (5 in a row were needed), no issue.
+    assert (case.status, case.verdict) == ("reported", None)
+    assert [w.step for w in world.works(case_id)] == ["triage", "report"]
+    assert len(world.replays(world.works(case_id)[0].id)) == 4 and world.sink.issues == {}
+    assert case.evidence and case.evidence["decided"] is False and case.evidence["failures"] == 4
+    assert case.evidence["cost"]["budget_spent"] is True and case.evidence["cost"]["runs"] == 4
 
 
 def test_a_bundle_whose_python_the_runner_lacks_gets_the_environment_verdict(world: World) -> None:
