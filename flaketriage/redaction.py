@@ -75,6 +75,37 @@ _SECRET_INFIXES = (
 
 _SECRET_PAIRS = frozenset({("connection", "string"), ("conn", "str")})
 
+_KEY_KINDS = frozenset(
+    {
+        "api",
+        "access",
+        "private",
+        "secret",
+        "signing",
+        "encryption",
+        "decryption",
+        "ssh",
+        "gpg",
+        "pgp",
+        "hmac",
+        "jwt",
+        "master",
+        "license",
+        "licence",
+        "client",
+        "consumer",
+        "service",
+        "account",
+        "storage",
+        "subscription",
+        "shared",
+        "deploy",
+        "app",
+        "admin",
+    }
+)
+"""Words before a trailing ``key`` that make the name a credential's (``API_KEY``, ``signing_key``)."""
+
 _QUALIFIERS = frozenset(
     {
         "len",
@@ -388,9 +419,12 @@ def _name_looks_secret(name: str) -> bool:
         return True
     if any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words)):
         return True
-    # API_KEY, SECRET_KEY, SSH_KEY, OPENAI_KEY: a trailing KEY names a key; a lone KEY or
-    # KEY_COLUMN is usually a lookup key.
-    return len(words) > 1 and words[-1] == "key"
+    # A trailing KEY names a credential when the word before it says which kind (api_key,
+    # ssh_private_key) or when the name is an environment variable's capitals (OPENAI_KEY); in
+    # code it is usually a lookup key (sort_key, cache_key, is_single_key), and so is a lone KEY.
+    if len(words) > 1 and words[-1] == "key":
+        return words[-2] in _KEY_KINDS or name.isupper()
+    return False
 
 
 def _value_span(match: re.Match[str]) -> _Span:

@@ -292,6 +292,66 @@ def test_plain_names(name: str) -> None:
     assert not Redactor().is_secret_name(name)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api_key",
+        "secret_key",
+        "access_key",
+        "private_key",
+        "signing_key",
+        "encryption_key",
+        "client_key",
+        "X_API_KEY",
+        "--api-key",
+        "accessKey",
+        "privateKey",
+        # An environment variable in capitals that ends in KEY is a credential often enough.
+        "OPENAI_KEY",
+        "STRIPE_KEY",
+        "SSH_KEY",
+    ],
+)
+def test_names_of_keys_that_are_credentials(name: str) -> None:
+    assert Redactor().is_secret_name(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "is_single_key",
+        "sort_key",
+        "cache_key",
+        "primary_key",
+        "dict_key",
+        "sortKey",
+        "hotkey",
+        "hotKey",
+        "monkey",
+        "key",
+    ],
+)
+def test_names_that_merely_end_in_key(name: str) -> None:
+    assert not Redactor().is_secret_name(name)
+
+
+def test_traceback_locals_named_like_keys_keep_their_values() -> None:
+    locals_ = (
+        "is_single_key = False\n"
+        "sort_key   = <function <lambda> at 0x7f>\n"
+        "monkey     = <_pytest.monkeypatch.MonkeyPatch object at 0x7f>\n"
+        "api_key    = 'abcd1234efgh'\n"
+        f"cache_key  = 'ghp_{'a' * 36}'\n"
+    )
+    assert Redactor().redact_text(locals_) == (
+        "is_single_key = False\n"
+        "sort_key   = <function <lambda> at 0x7f>\n"
+        "monkey     = <_pytest.monkeypatch.MonkeyPatch object at 0x7f>\n"
+        f"api_key    = '{MASK}'\n"
+        f"cache_key  = '{MASK}'\n"  # a credential by its value, whatever its name
+    )
+
+
 def test_url_keeps_everything_but_the_password() -> None:
     env = Redactor().redact_env({"DATABASE_URL": "postgres://app:hunter22@db.internal:5432/main"})
     assert env == {"DATABASE_URL": f"postgres://app:{MASK}@db.internal:5432/main"}
