@@ -113,6 +113,19 @@ def test_one_case_in_full(receiver: Receiver, captured: Captured, three_cases: d
     )
 
 
+def test_a_case_shows_what_its_triage_cost(receiver: Receiver, three_cases: dict[str, int]) -> None:
+    phase = {"runs": 5, "cpu_s": 2.5, "gpu_s": 0.0, "wall_s": 3.0, "unmeasured": 0}
+    cost = {**phase, "gpus": 0, "budget_s": 10.0, "budget_spent": False, "phases": {"verdict": phase}}
+    receiver.update_case(three_cases["flaky"], evidence={"verdict": "flaky", "cost": cost})
+    receiver.update_case(three_cases["queued"], evidence={"verdict": "flaky"})  # recorded before costs
+
+    shown = receiver.client.get(f"/v1/cases/{three_cases['flaky']}").json()
+
+    assert shown["cost"] == cost
+    assert CaseDetail.model_validate(shown).cost is not None
+    assert receiver.client.get(f"/v1/cases/{three_cases['queued']}").json()["cost"] is None
+
+
 @pytest.mark.parametrize("case_id", ["999999", "0", "-1", str(2**31), str(2**63), str(10**30)])
 def test_an_unknown_case_is_a_404(receiver: Receiver, three_cases: dict[str, int], case_id: str) -> None:
     response = receiver.client.get(f"/v1/cases/{case_id}")
