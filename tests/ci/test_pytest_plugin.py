@@ -88,6 +88,13 @@ def by_test(store_dir: Path) -> dict[str, Manifest]:
     return out
 
 
+def with_argv(store_dir: Path, manifest: Manifest, argv: tuple[str, ...]) -> Manifest:
+    """A copy of the bundle whose rerun command is `argv`, written to the store."""
+    store = LocalStore(store_dir)
+    command = manifest.command.model_copy(update={"argv": argv})
+    return load_manifest(store, write_bundle(store, manifest.model_copy(update={"command": command})))
+
+
 def replay_once(store_dir: Path, manifest: Manifest) -> Outcome:
     with Replayer(
         LocalStore(store_dir), manifest, ProcessSandbox(), context=ReplayContext.from_process()
@@ -397,9 +404,7 @@ def test_a_bundle_with_the_node_id_before_the_options_still_replays_and_is_searc
     argv = list(captured_now.command.argv)
     nodeid = argv.pop()
     assert argv.pop() == "--"
-    older = captured_now.command.model_copy(update={"argv": (*argv[:3], nodeid, *argv[3:])})
-    store = LocalStore(store_dir)
-    manifest = load_manifest(store, write_bundle(store, captured_now.model_copy(update={"command": older})))
+    manifest = with_argv(store_dir, captured_now, (*argv[:3], nodeid, *argv[3:]))
     target = OrderTarget.of(manifest)
     assert target is not None and target.position == 3
     result = _triage(store_dir, manifest)
@@ -415,12 +420,7 @@ def test_a_replay_that_pytest_refuses_says_why_in_the_finding(
     assert run(pytester, store_dir).ret == 1
     (captured_now,) = captured(store_dir)
     # The rerun names a test its source does not have: pytest exits 4 with "ERROR: not found: ...".
-    argv = (*captured_now.command.argv[:-1], "test_one.py::test_gone")
-    store = LocalStore(store_dir)
-    changed = captured_now.model_copy(
-        update={"command": captured_now.command.model_copy(update={"argv": argv})}
-    )
-    manifest = load_manifest(store, write_bundle(store, changed))
+    manifest = with_argv(store_dir, captured_now, (*captured_now.command.argv[:-1], "test_one.py::test_gone"))
     result = _triage(store_dir, manifest)
     (finding,) = result.findings
     assert finding.kind == "exit"
