@@ -5,7 +5,7 @@ Each replay's CPU seconds are the user plus system time of its whole process tre
 measured (counted in ``unmeasured``, as 0). Its GPU seconds are its wall time times the GPUs it was
 given: a bundle captured on GPUs gets the runner's GPUs, any other bundle none, so on a machine with
 no GPU they are 0. The wall seconds are the replays' own, without materializing or building
-environments.
+environments (in the service, a replay row's ``duration_s``, which includes copying its workspace).
 
 A budget (``FLAKETRIAGE_TRIAGE_BUDGET_S``, ``flaketriage triage --budget``) caps the CPU plus GPU
 seconds of a triage's replays, what a user pays for on metered machines. It is checked before each
