@@ -30,6 +30,7 @@ from flaketriage.workers.materialize import Workspace
 
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".nox", "build", "dist"}
 _SEARCH_DEPTH = 2
+_PROJECT_FILES = ("pyproject.toml", "setup.cfg", "setup.py")
 _SYSTEM_BINS = {"/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"}
 """Directories that hold other tools besides an interpreter: never dropped from a replay's PATH."""
 
@@ -127,7 +128,8 @@ def find_local_projects(
 
     The freeze's recorded path is used when it lies in the workspace; otherwise the workspace is
     searched (its root, the working directory, and two levels below the root) for a
-    ``pyproject.toml``, ``setup.cfg`` or ``setup.py`` that names the project.
+    ``pyproject.toml``, ``setup.cfg`` or ``setup.py`` that names the project. A recorded directory
+    whose files do not spell the name out (``setup(name=NAME)``) is taken as the project all the same.
     """
     if not key.local:
         return {}
@@ -135,7 +137,7 @@ def find_local_projects(
     projects = _projects_in(ws, manifest, recorded)
     out: dict[str, tuple[Path, str]] = {}
     for name in key.local:
-        found = projects.get(name)
+        found = projects.get(name) or _recorded_checkout(ws, manifest, recorded.get(name))
         if found is None:
             raise ReplayEnvironmentError(
                 f"the bundle's freeze names {name} as installed from a local directory, but its "
@@ -153,12 +155,7 @@ def find_local_projects(
 def _projects_in(
     ws: Workspace, manifest: Manifest, recorded: dict[str, str | None]
 ) -> dict[str, tuple[Path, str]]:
-    candidates: list[Path] = []
-    for path in recorded.values():
-        if path and os.path.isabs(path):
-            moved = Path(os.path.normpath(ws.cwd / os.path.relpath(path, manifest.command.cwd)))
-            if moved == ws.root or ws.root in moved.parents:
-                candidates.append(moved)
+    candidates = [moved for path in recorded.values() if (moved := _moved(ws, manifest, path))]
     candidates += [ws.root, ws.cwd, *_below(ws.root, _SEARCH_DEPTH)]
     found: dict[str, tuple[Path, str]] = {}
     for directory in dict.fromkeys(candidates):
@@ -166,6 +163,29 @@ def _projects_in(
         if described is not None:
             found.setdefault(normalize_name(described[0]), (directory, described[1]))
     return found
+
+
+def _moved(ws: Workspace, manifest: Manifest, path: str | None) -> Path | None:
+    """Where a directory of the capturing machine lies in `ws`, or None when it lay outside it."""
+    if not path or not os.path.isabs(path):
+        return None
+    moved = Path(os.path.normpath(ws.cwd / os.path.relpath(path, manifest.command.cwd)))
+    return moved if moved == ws.root or ws.root in moved.parents else None
+
+
+def _recorded_checkout(ws: Workspace, manifest: Manifest, path: str | None) -> tuple[Path, str] | None:
+    """The directory the freeze says a project was installed from, when the workspace has it as a
+    project whose name its files do not spell out (``setup(name=NAME)``): the installer's record
+    (PEP 610) named it. Its version is the one a build left in its ``.egg-info``, else ``0``."""
+    directory = _moved(ws, manifest, path)
+    if directory is None or not any((directory / f).is_file() for f in _PROJECT_FILES):
+        return None
+    for info in sorted(directory.glob("*.egg-info/PKG-INFO")):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            found = re.search(r"(?m)^Version:\s*(\S+)", info.read_text(encoding="utf-8"))
+            if found:
+                return directory, found.group(1)
+    return directory, "0"
 
 
 def _below(root: Path, depth: int) -> Iterator[Path]:
