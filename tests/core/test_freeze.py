@@ -44,7 +44,7 @@ def test_an_editable_install_shadowed_by_its_checkouts_egg_info_is_recorded_as_l
 ) -> None:
     root = _checkout(tmp_path)
     site = tmp_path / "site-packages"
-    editable = {"dir_info": {"editable": True}, "url": root.as_uri()}
+    editable: dict[str, object] = {"dir_info": {"editable": True}, "url": root.as_uri()}
     _metadata(site / "demoproj-0.1.dev0.dist-info", "demoproj", "0.1.dev0", editable)
     _metadata(site / "six-1.16.0.dist-info", "six", "1.16.0")
     frozen = _freeze(monkeypatch, root, site)
