@@ -7,7 +7,9 @@ checkout first on ``sys.path``: the freeze used to read that leftover and record
 ``demoproj==0.1.dev0``, and triage then asked the package index for a release that never existed
 (an ``environment`` verdict). The user's virtualenv here sees the worker's packages (pytest,
 flaketriage, setuptools) through a ``.pth`` file, so nothing is downloaded: the editable install is
-built with ``--no-index --no-build-isolation``, and triage runs with ``PIP_NO_INDEX``.
+built with ``--no-index --no-build-isolation``, and triage runs with ``PIP_NO_INDEX``. Triage runs
+twice: in the worker's interpreter (``auto``: the freezes match but for demoproj), and in the bundle's
+own environment, whose builder is asked for every pin but demoproj.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import pytest
 
 from flaketriage.bundle import load_manifest
 from flaketriage.store import LocalStore
+from flaketriage.workers.environment_build import EnvironmentBuilder
+from flaketriage.workers.environment_cache import EnvironmentCache
 from flaketriage.workers.environments import EnvironmentKey
+from flaketriage.workers.replay import ReplayContext
+from flaketriage.workers.sandbox import ProcessSandbox
+from flaketriage.workers.triage import triage
+from flaketriage.workers.verdict import Verdict, VerdictPolicy
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +105,30 @@ def test_an_editable_install_is_replayed_from_the_captured_checkout(project: Any
     # the checkout's code from the bundle's own copy of it, with its uncommitted change.
     result = project.run_json("triage", bundle_id, env={"PIP_NO_INDEX": "1", "UV_NO_INDEX": "1"})
     assert result["verdict"] == "deterministic", result
+
+    # And in the bundle's own environment: built without demoproj (the builder is asked for every
+    # other pin, which it lays in from the worker's site-packages instead of an index), and each
+    # replay imports demoproj from its copy of the workspace.
+    builder = OfflineBuilder()
+    cache = EnvironmentCache(tmp_path / "environments", max_bytes=1 << 30, builder=builder)
+    context = ReplayContext.from_process(environment_mode="bundle", environment_cache=cache)
+    policy = VerdictPolicy()
+    done = triage(LocalStore(project.store), bundle_id, sandbox=ProcessSandbox(), policy=policy, sink=None,
+                  quarantine=None, context=context)  # fmt: skip
+    assert builder.asked and not any("demoproj" in spec.lower() for spec in builder.asked)
+    assert done.environment is not None and done.environment["mode"] == "bundle", done.environment
+    assert done.environment["local"] == ["demoproj"]
+    assert done.verdict.verdict is Verdict.DETERMINISTIC, done.findings
+
+
+class OfflineBuilder(EnvironmentBuilder):
+    """Builds a key's virtualenv, and gives it the worker's packages in place of the pins it names."""
+
+    def __init__(self) -> None:
+        super().__init__(dict(os.environ, PIP_NO_INDEX="1"), installer="uv", timeout_s=120)
+        self.asked: list[str] = []
+
+    def build(self, key: EnvironmentKey, dest: Path) -> str:
+        self.asked += key.installs
+        _venv(dest)
+        return sys.version.split()[0]
