@@ -273,7 +273,9 @@ class Environment(_Model):
     platform: str
     machine: str
     packages: tuple[str, ...] = ()
-    """``name==version`` for every installed distribution, sorted."""
+    """One freeze line per installed distribution, sorted (`flaketriage.freeze.installed_packages`):
+    ``name==version``, or ``name @ file:///path`` for a project installed from a local directory
+    (an editable install of the checkout: replayed from the bundle's source, never an index's)."""
 
 
 class Provenance(_Model):
