@@ -118,23 +118,23 @@ class EnvironmentCache:
                 "FLAKETRIAGE_ENVIRONMENT_CACHE_DIR to a writable directory"
             ) from exc
         try:
-            while True:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+            # Shared for as long as the lease lasts: evictors (which try it exclusively, without
+            # waiting) leave the environment alone, built or being built.
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            found = self._complete(key)
+            if found is not None:
+                return EnvironmentLease(found, fd, built=False)
+            # Not built yet: one builder per key at a time. The others wait for that build alone, on
+            # a lock of its own; waiting to upgrade the shared lock would wait for the builder's
+            # whole lease instead.
+            with locked(self.root / f"{key.digest}.build.lock"):
                 found = self._complete(key)
                 if found is not None:
                     return EnvironmentLease(found, fd, built=False)
-                fcntl.flock(fd, fcntl.LOCK_EX)  # not built yet: build it, or wait for whoever is
-                built = self._complete(key)
-                fresh = built is None
-                if built is None:
-                    built = self._build(key)
-                # Converting the lock lets an evictor in between; so look again under the shared one.
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                if self._complete(key) is not None:
-                    lease = EnvironmentLease(built, fd, built=fresh)
-                    if fresh:
-                        self.evict()
-                    return lease
+                built = self._build(key)
+            lease = EnvironmentLease(built, fd, built=True)
+            self.evict()
+            return lease
         except BaseException:
             os.close(fd)
             raise

@@ -26,7 +26,7 @@ from flaketriage.freeze import installed_packages, parse_freeze
 from flaketriage.manifest import Environment, Manifest
 from flaketriage.store import LocalStore
 from flaketriage.workers.environment_build import EnvironmentBuilder, Installer, parse_pip_config
-from flaketriage.workers.environment_cache import EnvironmentCache
+from flaketriage.workers.environment_cache import BuiltEnvironment, EnvironmentCache, EnvironmentLease
 from flaketriage.workers.environments import EnvironmentKey, choose_mode, worker_key
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox
@@ -184,20 +184,40 @@ def _key(n: int) -> EnvironmentKey:
     return EnvironmentKey.of_environment(_env((f"pkg{n}==1.0",)))
 
 
+class MeetingCache(EnvironmentCache):
+    """Holds each caller's first look at the cache until every caller has looked: all of them then
+    hold the shared lock and have found nothing, the interleaving in which two builders meet."""
+
+    def __init__(self, root: Path, builder: EnvironmentBuilder, meeting: threading.Barrier) -> None:
+        super().__init__(root, max_bytes=1 << 20, builder=builder)
+        self.meeting: threading.Barrier | None = meeting
+
+    def _complete(self, key: EnvironmentKey) -> BuiltEnvironment | None:
+        found = super()._complete(key)
+        if self.meeting is not None:
+            meeting, self.meeting = self.meeting, None
+            meeting.wait(timeout=10)
+        return found
+
+
 def test_two_concurrent_builders_of_one_key_build_it_once(tmp_path: Path) -> None:
-    builder = FakeBuilder(delay_s=0.5)
-    leases = []
+    # Both find the key missing while both hold the shared lock. The one that does not build must
+    # get the environment when the build ends, not when the builder's lease is released (the leases
+    # here are held until both acquisitions returned).
+    builder = FakeBuilder(delay_s=0.2)
+    meeting = threading.Barrier(2)
+    leases: list[EnvironmentLease] = []
 
     def acquire() -> None:
         # Each with its own cache object and lock file descriptor, as two worker processes have.
-        cache = EnvironmentCache(tmp_path / "cache", max_bytes=1 << 20, builder=builder)
-        leases.append(cache.acquire(_key(1)))
+        leases.append(MeetingCache(tmp_path / "cache", builder, meeting).acquire(_key(1)))
 
     threads = [threading.Thread(target=acquire) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "an acquisition waited for the other's lease"
     assert builder.builds == [_key(1).digest]
     assert sorted(lease.built for lease in leases) == [False, True]  # one built, the other waited
     assert leases[0].environment.root == leases[1].environment.root
