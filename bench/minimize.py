@@ -14,22 +14,44 @@ with the predicate directly (uncounted): exactly the culprit set (or one of the 
 
 Noisy part: a failure that reproduces with probability ``rate`` (and a candidate only when it holds
 every culprit) goes through what ``flaketriage triage --minimize`` runs: the `SequentialTest` on
-Bernoulli replays, then the real `BundleMinimizer` (its top-up of a never-passed failure to
-``TOP_UP_TRIALS`` runs, `NoisyOracle` from the verdict's counts, the `SubsetReducer` searching
-with cheap questions and confirming its answer carefully) through a simulated replayer. Goal:
-the minimal set is exactly the culprits in at least 99% of trials, with the Clopper–Pearson
-interval's low end printed beside it. Exits 1 on any miss.
+Bernoulli replays, then the real `BundleMinimizer` (`NoisyOracle` from the verdict's counts,
+trusting a failure that reproduced every time until a check catches a miss, the `SubsetReducer`
+searching with cheap questions and confirming its answer carefully) through a simulated replayer.
+Goal: the minimal set is exactly the culprits in at least 99% of trials, with the Clopper–Pearson
+interval's low end printed beside it.
+
+End-to-end part: what a user pays, counted by the program itself. For k = 1 / 2 / 4 culprits among
+a 10,000-row CSV, ``flaketriage capture --data rows.csv -- python prog.py`` and then
+``flaketriage triage BUNDLE --minimize --json`` (the real CLI, the real sandbox); ``prog.py`` sends
+one datagram to a Unix socket outside its sandbox each time it starts and fails when every
+culprit row is present. Runs counted during the triage minus the verdict's replays is the
+minimization's cost, printed beside the reducer alone on the same culprits (the noise-free
+predicate) and the goal, 15 / 34 / 66 at most; the minimal bundle's rows are read back and must
+be exactly the culprits. Then the same at rate 0.7 (the program fails with probability 0.7 when
+the culprits are present, seeded from os.urandom), where the minimal rows must be exact in every
+trial the data allow to be 99% (the interval's high end at least 99%). The counter's socket lives
+under ``--scratch`` (default the checkout's ``.flaketriage/``), which must lie outside /tmp:
+replays see a private /tmp of their own. Exits 1 on any miss.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import csv
 import hashlib
+import io
+import json
 import math
+import os
 import random
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Sequence
@@ -43,19 +65,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import check
 
+from flaketriage.bundle import load_manifest
 from flaketriage.errors import MinimizeError
-from flaketriage.store import Store
-from flaketriage.workers.bundle_minimizer import (
-    TOP_UP_TRIALS,
-    BundleMinimizer,
-    MinimizeResult,
-)
-from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, SEARCH_ERROR
+from flaketriage.store import LocalStore, Store
+from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
+from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, SEARCH_ERROR, TRUST_CHECK_RUNS
 from flaketriage.workers.replay import Variant
 from flaketriage.workers.subset_reducer import SubsetReducer, ddmin
 from flaketriage.workers.triage import should_minimize
 from flaketriage.workers.verdict import Outcome, SequentialTest, VerdictPolicy, clopper_pearson
 
+ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1_000, 10_000, 100_000)
 REFERENCE_N = 10_000
 LIMITS = {1: 15, 2: 34, 4: 66}
@@ -265,9 +285,10 @@ def p95(values: list[int]) -> float:
 def noisy(rng: random.Random, trials: int, n: int, k: int) -> bool:
     print(
         f"\nNoisy: the whole path, {trials:,} trials per failure rate, n = {n:,} items, k = {k} culprits "
-        f"needed together\n(SequentialTest on Bernoulli replays; BundleMinimizer: top-up to "
-        f"{TOP_UP_TRIALS} runs, NoisyOracle: search questions at {SEARCH_ERROR:.0%} each, the "
-        f"answer confirmed at {DEFAULT_ERROR:.0%})\n"
+        f"needed together\n(SequentialTest on Bernoulli replays; BundleMinimizer: a failure that "
+        f"reproduced every time trusted, single runs, checks at {TRUST_CHECK_RUNS} runs; else "
+        f"NoisyOracle: search questions at {SEARCH_ERROR:.0%} each, the answer confirmed at "
+        f"{DEFAULT_ERROR:.0%})\n"
     )
     header = (
         f"{'rate':>4} | {'exact':>7} {'95% CI low':>10} | {'verdict':>7} | "
@@ -316,6 +337,192 @@ def noisy(rng: random.Random, trials: int, n: int, k: int) -> bool:
     )
 
 
+PROGRAM = """\\
+import csv, os, random, socket
+counter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+counter.sendto(b"run", os.environ["MINIMIZE_BENCH_COUNTER"])
+ids = {{int(row["id"]) for row in csv.DictReader(open("rows.csv", newline=""))}}
+if {culprits!r} <= ids and random.Random(os.urandom(8)).random() < {rate!r}:
+    raise SystemExit("rows {culprits} conflict")
+"""
+E2E_ROWS = 10_000
+E2E_NOISY_RATE = 0.7
+E2E_NOISY_K = 2
+
+
+class RunCounter:
+    """Counts the datagrams `prog.py` sends, one per run, on a socket outside every sandbox."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(str(path))
+        self._socket.settimeout(0.2)
+        self._count = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._socket.recv(64)
+            except TimeoutError:
+                continue
+            with self._lock:
+                self._count += 1
+
+    def settled(self) -> int:
+        """The count once no datagram has arrived for a while (the senders have all exited)."""
+        last = -1
+        while True:
+            time.sleep(0.3)
+            with self._lock:
+                if self._count == last:
+                    return last
+                last = self._count
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._socket.close()
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "flaketriage", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
+def _kept_rows(store_dir: Path, bundle: str) -> list[int]:
+    store = LocalStore(store_dir)
+    blob = load_manifest(store, bundle).data[0].blob
+    assert blob is not None
+    text = store.get_bytes(blob.sha256).decode()
+    return sorted(int(row["id"]) for row in csv.DictReader(io.StringIO(text)))
+
+
+def e2e_case(counter: RunCounter, culprits: list[int], rate: float) -> dict[str, Any]:
+    """Capture and triage one failing program; what the triage cost and what it kept."""
+    # The project in the system's temporary directory, outside any checkout (a capture inside one
+    # would take the checkout as its source), and the counter's socket elsewhere (`end_to_end`).
+    project = Path(tempfile.mkdtemp(prefix="flaketriage-bench-case-"))
+    with open(project / "rows.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "value"])
+        writer.writerows([i, i * 7919 % 10_007] for i in range(E2E_ROWS))
+    (project / "prog.py").write_text(PROGRAM.format(culprits=set(culprits), rate=rate))
+    env = {**os.environ, "MINIMIZE_BENCH_COUNTER": str(counter.path), "PYTHONPATH": str(ROOT)}
+    store = project.parent / f"{project.name}-store"
+    capture = ["capture", "--store", str(store), "--json", "--data", "rows.csv", "--", "python", "prog.py"]
+    for _ in range(20):  # at rate < 1 a capture may pass: run it again, as CI would next time
+        captured = json.loads(_cli(*capture, cwd=project, env=env).stdout or "{}")
+        if captured.get("bundle"):
+            break
+    else:
+        raise SystemExit(f"prog.py never failed with culprits {culprits} at rate {rate}")
+    before = counter.settled()
+    done = _cli(
+        "triage", captured["bundle"], "--store", str(store), "--minimize", "--json", cwd=project, env=env
+    )
+    runs = counter.settled() - before
+    result = json.loads(done.stdout)
+    shutil.rmtree(project)
+    minimal = result.get("minimal_bundle")
+    kept = _kept_rows(store, minimal) if minimal else None
+    shutil.rmtree(store)
+    reducer = SubsetReducer(Failure(E2E_ROWS, culprits))
+    reducer.reduce(range(E2E_ROWS))
+    return {
+        "verdict": result["verdict"],
+        "verdict_replays": result["replays"],
+        "minimize_runs": runs - result["replays"],
+        "reducer": reducer.calls,
+        "exact": kept == sorted(culprits),
+        "minimized": minimal is not None,
+        "error": result.get("minimize_error"),
+    }
+
+
+def end_to_end(rng: random.Random, scratch_root: Path, sets: int, noisy_trials: int) -> bool:
+    print(
+        f"\nEnd to end: `flaketriage capture --data rows.csv` + `flaketriage triage --minimize`, "
+        f"{E2E_ROWS:,} rows;\nruns counted by the program itself, minus the verdict's replays "
+        "(the reducer alone: the same culprits, noise-free predicate)\n"
+    )
+    header = (
+        f"{'rate':>4} {'k':>2} {'cases':>5} | {'bound':>5} {'goal':>4} | {'reducer max':>11} | "
+        f"{'end to end mean':>15} {'max':>4} | {'exact':>6} | {'s':>4}"
+    )
+    print(header)
+    print("-" * len(header))
+    if Path("/tmp") in scratch_root.resolve().parents or scratch_root.resolve() == Path("/tmp"):
+        print(f"  the scratch directory {scratch_root} is under /tmp, which replays see as their own")
+        return False
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-minimize-", dir=scratch_root))
+    counter = RunCounter(scratch / "runs.sock")
+    goals: list[tuple[str, str, str, str, bool]] = []
+    try:
+        # Quick: the culprits spread to both ends (the most calls) and one random set; else every edge.
+        plan = [(1.0, k, culprit_sets(rng, E2E_ROWS, k, sets)[0 if sets > 1 else 3 :]) for k in (1, 2, 4)]
+        noisy_sets = [sorted(rng.sample(range(E2E_ROWS), E2E_NOISY_K)) for _ in range(noisy_trials)]
+        plan.append((E2E_NOISY_RATE, E2E_NOISY_K, noisy_sets))
+        for rate, k, cases in plan:
+            start = time.perf_counter()
+            results = [e2e_case(counter, culprits, rate) for culprits in cases]
+            done = [r for r in results if r["minimized"] or r["error"]]
+            runs = [r["minimize_runs"] for r in done]
+            exact = sum(r["exact"] for r in done)
+            print(
+                f"{rate:>4.1f} {k:>2} {len(done):>5} | {bound(E2E_ROWS, k):>5.1f} "
+                f"{LIMITS[k] if rate == 1.0 else '-':>4} | "
+                f"{max(r['reducer'] for r in done):>11} | {statistics.mean(runs):>15.1f} {max(runs):>4} | "
+                f"{exact:>2}/{len(done):<3} | {time.perf_counter() - start:>4.0f}"
+            )
+            for r in results:
+                if r["error"] or not r["exact"]:
+                    print(f"    {r['verdict']}: kept the wrong rows or none ({r['error']})")
+            reducer_max = max(r["reducer"] for r in done)
+            if rate == 1.0:
+                goals.append(
+                    (
+                        f"k={k}: most runs to minimize end to end (reducer alone {reducer_max})",
+                        f"{max(runs)}",
+                        "<=",
+                        f"{LIMITS[k]}",
+                        max(runs) <= LIMITS[k],
+                    )
+                )
+                goals.append(
+                    (
+                        f"k={k}: exact minimal rows",
+                        f"{exact}/{len(done)}",
+                        "==",
+                        f"{len(done)}",
+                        exact == len(done),
+                    )
+                )
+            else:
+                _, high = clopper_pearson(exact, len(done), 0.95)
+                skipped = len(results) - len(done)
+                goals.append(
+                    (
+                        f"rate {rate}: exact minimal rows in {exact}/{len(done)} minimized"
+                        f" ({skipped} not minimized by triage), 95% CI high",
+                        f"{high:.2%}",
+                        ">=",
+                        f"{NOISY_EXACT_GOAL:.0%}",
+                        high >= NOISY_EXACT_GOAL,
+                    )
+                )
+    finally:
+        counter.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print()
+    return all([check(*goal) for goal in goals])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer culprit sets and noisy trials")
@@ -323,6 +530,10 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=1_000, help="items in the noisy part")
     parser.add_argument("--k", type=int, default=2, help="culprits in the noisy part")
     parser.add_argument("--seed", type=int, default=20240501)
+    parser.add_argument(
+        "--scratch", type=Path, default=ROOT / ".flaketriage", help="end-to-end scratch, outside /tmp"
+    )
+    parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end part")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     sets = {1_000: 60, 10_000: 20, 100_000: 4} if args.quick else {1_000: 400, 10_000: 150, 100_000: 25}
@@ -330,8 +541,9 @@ def main() -> int:
     started = time.perf_counter()
     exact = noise_free(rng, sets)
     noise = noisy(rng, trials, args.n, args.k)
+    e2e = args.no_e2e or end_to_end(rng, args.scratch, 1 if args.quick else 3, 3 if args.quick else 10)
     print(f"\n{time.perf_counter() - started:.0f} s in all")
-    return 0 if exact and noise else 1
+    return 0 if exact and noise and e2e else 1
 
 
 if __name__ == "__main__":

@@ -112,14 +112,19 @@ def _one_minimal(oracle: _Oracle[T], indices: Indices) -> Indices:
     return current if len(current) == len(indices) else _one_minimal(oracle, current)
 
 
-def _confirm(oracle: _Oracle[T], indices: Indices, predicate: Callable[[Sequence[T]], bool]) -> Indices:
+def _confirm(
+    oracle: _Oracle[T], indices: Indices, predicate: Callable[[Sequence[T]], bool], trust_passes: bool
+) -> Indices:
     """Drop each item whose removal still fails, asking `predicate` unless the removal was already
-    seen to fail (proof); what the search saw pass is asked again."""
+    seen to fail (proof); what the search saw pass is asked again, unless `trust_passes`, which
+    asks only what the search inferred from another subset's pass (and never the empty set)."""
     current = list(indices)
     i = 0
     while i < len(current):
         without = current[:i] + current[i + 1 :]
-        if oracle.known(without) is True or _ask(oracle, without, predicate):
+        known = oracle.known(without)
+        trusted = trust_passes and (known is False or not without)
+        if known is True or (not trusted and _ask(oracle, without, predicate)):
             current = without  # the next item slid into position i
         else:
             i += 1
@@ -148,6 +153,11 @@ class SubsetReducer(Generic[T]):
     ``confirm_with`` is the predicate those questions go to (default: ``predicate``): a noisy
     predicate searches cheaply and confirms carefully, and the confirmation trusts only what
     the search saw fail (a failure is proof; a pass seen by the search is asked again).
+    ``trust_passes`` is for a predicate whose passes have held so far (a failure that reproduced
+    every time): the confirmation then asks only the removals the search inferred from a larger
+    subset's pass, since a miss there is what leaves an unneeded item in the answer; a pass the
+    search saw itself stands, and so does the empty set's (the failure is taken to need an item;
+    a one-item answer is then confirmed by the search's own last call).
     ``calls`` counts the predicate calls made by the latest ``reduce``; subsets already tried are
     answered from memory for free.
     """
@@ -160,12 +170,14 @@ class SubsetReducer(Generic[T]):
         empty_fails: bool | None = None,
         confirm: bool = False,
         confirm_with: Callable[[Sequence[T]], bool] | None = None,
+        trust_passes: bool = False,
     ) -> None:
         self._predicate = predicate
         self._assume_failing = assume_failing
         self._empty_fails = empty_fails
         self._confirm = confirm or confirm_with is not None
         self._confirm_with = confirm_with
+        self._trust_passes = trust_passes
         self.calls = 0
 
     def reduce(self, items: Sequence[T]) -> list[T]:
@@ -187,7 +199,7 @@ class SubsetReducer(Generic[T]):
             except NotMonotone:
                 found = _one_minimal(oracle, _ddmin(oracle, everything))
             if self._confirm_with is not None:
-                found = _confirm(oracle, found, self._confirm_with)
+                found = _confirm(oracle, found, self._confirm_with, self._trust_passes)
             elif self._confirm:
                 found = _one_minimal(oracle, found)
             return oracle.subset(found)

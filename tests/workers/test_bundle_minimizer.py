@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -11,10 +14,12 @@ from flaketriage.bundle import load_manifest
 from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.errors import MinimizeError
-from flaketriage.store import LocalStore
-from flaketriage.workers.bundle_minimizer import BundleMinimizer, find_knobs
-from flaketriage.workers.replay import ReplayContext, Replayer
+from flaketriage.store import LocalStore, Store
+from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult, find_knobs
+from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.sandbox import ProcessSandbox
+from flaketriage.workers.subset_reducer import SubsetReducer
+from flaketriage.workers.verdict import Outcome
 
 LIMITS = SourceLimits(max_file_bytes=1 << 20, max_total_bytes=10 << 20)
 
@@ -154,3 +159,66 @@ def test_directory_entries_are_minimized(tmp_path: Path) -> None:
     data, minimal = _minimize(store, bundle)
     assert data == {"shards": (1, 30)}
     assert [f.path for f in load_manifest(store, minimal).data[0].files] == ["part-017.txt"]
+
+
+class _Rows:
+    """A replayer stand-in over `n` data rows: a candidate reproduces when it keeps every culprit
+    and the next of `misses` (a scripted run of the failure not showing) is False."""
+
+    def __init__(self, n: int, culprits: set[int], misses: Sequence[bool] = ()) -> None:
+        self.manifest = SimpleNamespace(
+            data=[SimpleNamespace(path="rows.csv", reducible=True, items=n)],
+            command=SimpleNamespace(argv=("python", "job.py")),
+        )
+        self.culprits = culprits
+        self.misses = list(misses)
+        self.runs = 0
+
+    def run(self, variant: Variant | None = None) -> SimpleNamespace:
+        self.runs += 1
+        holds = variant is None or variant.data is None or self.culprits <= set(variant.data["rows.csv"])
+        shows = self.misses.pop(0) if holds and self.misses else True
+        return SimpleNamespace(outcome=Outcome.REPRODUCED if holds and shows else Outcome.PASSED)
+
+
+class _Kept(BundleMinimizer):
+    """The real `run`, keeping the minimal rows instead of writing a bundle."""
+
+    kept: list[int] | None = None
+
+    def _write(
+        self, subsets: dict[str, list[int]], argv: list[str], args: dict[str, tuple[str, str]]
+    ) -> MinimizeResult:
+        self.kept = list(subsets["rows.csv"])
+        return MinimizeResult(bundle_id="kept", oracle_calls=self.oracle_calls, replays=self.replays)
+
+
+def _reducer_alone(n: int, culprits: set[int]) -> int:
+    reducer = SubsetReducer(lambda kept: culprits <= set(kept))
+    reducer.reduce(range(n))
+    return reducer.calls
+
+
+@pytest.mark.parametrize(("culprits", "extra"), [({4321}, 0), ({17, 8000}, 2), ({5, 999, 5000, 9998}, 6)])
+def test_a_deterministic_failure_costs_the_reducers_runs_and_a_few_checks(
+    culprits: set[int], extra: int
+) -> None:
+    # 5 of 5 replays reproduced: the search trusts single runs, no whole-bundle top-up, and the
+    # minimal bundle is not replayed again (the search's last run was exactly it). What is left
+    # is two runs of each removal the search only inferred: none for one culprit, k - 1 for k.
+    rows = _Rows(10_000, culprits)
+    minimizer = _Kept(cast(Store, None), cast(Any, rows), "b", 5, 5)
+    result = minimizer.run()
+    assert minimizer.kept == sorted(culprits)
+    assert rows.runs == result.replays == _reducer_alone(10_000, culprits) + extra
+
+
+def test_a_flake_that_passed_as_deterministic_is_searched_again_once_a_check_catches_it() -> None:
+    # One culprit; the first question (rows 0..4999, which hold it) misses, so the search keeps
+    # row 5000 too. The check of [4321] alone reproduces: proof of flakiness, and the answer is
+    # searched again with the careful budget, ending with the culprit alone.
+    rows = _Rows(10_000, {4321}, misses=[False])
+    minimizer = _Kept(cast(Store, None), cast(Any, rows), "b", 5, 5)
+    minimizer.run()
+    assert minimizer.kept == [4321]
+    assert not minimizer.noise.trusted

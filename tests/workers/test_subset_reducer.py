@@ -221,3 +221,33 @@ def test_an_empty_set_known_to_pass_is_not_asked() -> None:
 
 def test_a_failure_that_needs_no_item_is_told_apart() -> None:
     assert SubsetReducer(lambda subset: True).reduce(range(100)) == []
+
+
+def test_a_confirmation_that_trusts_passes_asks_only_the_removals_the_search_inferred() -> None:
+    # Culprits 30 and 70 among 100: the search ran [70] alone (it passed) and inferred that [30]
+    # passes from a longer prefix's pass; trusting passes, only [30] is asked again.
+    fails = contains_any_group([{30, 70}])
+    confirmed = Recorder(fails)
+    reducer = SubsetReducer(Recorder(fails), confirm_with=confirmed, trust_passes=True)
+    assert reducer.reduce(range(100)) == [30, 70]
+    assert confirmed.asked == [(30,)]
+    # One culprit: its removal leaves the empty set, which trusted passes never ask about.
+    alone = Recorder(contains_any_group([{42}]))
+    assert SubsetReducer(contains_any_group([{42}]), confirm_with=alone, trust_passes=True).reduce(
+        range(100)
+    ) == [42]
+    assert alone.asked == []
+
+
+def test_a_trusting_confirmation_still_drops_an_item_whose_removal_fails() -> None:
+    # A search answer that was wrong (a miss: the first half reported passing) leaves 50 in the
+    # answer; the confirmation asks [30] alone, sees it fail, and drops 50.
+    def search(subset: Sequence[int]) -> bool:
+        if list(subset) == list(range(50)):
+            return False
+        return 30 in subset
+
+    confirmed = Recorder(lambda subset: 30 in subset)
+    reducer = SubsetReducer(search, confirm_with=confirmed, trust_passes=True)
+    assert reducer.reduce(range(100)) == [30]
+    assert (30,) in confirmed.asked
