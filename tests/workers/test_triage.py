@@ -242,7 +242,8 @@ def test_triage_json_has_the_documented_shape() -> None:
     data = result.to_json()
     assert list(data) == [
         "bundle", "verdict", "decided", "replays", "failures", "passes", "different_failures",
-        "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "order_cause", "polluter_search",
+        "sandbox_limits", "environment_failures", "failure_rate", "findings", "polluters", "order_cause",
+        "polluter_search",
         "minimal_bundle", "minimal", "minimize_error", "report", "hang", "attribution", "telemetry",
         "hardware_difference", "environment", "cost",
     ]  # fmt: skip
