@@ -148,7 +148,7 @@ def make_venv(case: Case, cache: Path, log: Path) -> Path:
         run([sys.executable, "-m", "venv", str(venv)], cwd=cache, env=clean_env(), timeout=300, log=log)
         steps = [
             [str(py), "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools", "wheel"],
-            [str(py), "-m", "pip", "install", "-q", "-e", str(REPO_ROOT), *case.extra],
+            [str(py), "-m", "pip", "install", "-q", "-e", str(REPO_ROOT), "pytest", *case.extra],
         ]
         for cmd in steps:
             proc = run(cmd, cwd=cache, env=clean_env(), timeout=900, log=log)
