@@ -21,8 +21,8 @@ question, for that is all a deterministic failure needs, and the answer is check
 could have made it wrong, at `TRUST_CHECK_RUNS` runs a check. A check that reproduces where the
 search had seen a pass is a miss caught (`missed`): from then on the failure is flaky, trusted no
 more, and questions get the runs above. What trust costs is measured rather than bounded: a 70%
-flake that passed 5 of 5 replays is still minimized exactly 97 to 99 times in 100
-(``bench/minimize.py``), since a miss it makes is caught by a check 91% of the time.
+flake (trusted in the 17% of trials where it passed its verdict 5 of 5) was minimized exactly in 993
+of 1,000 trials of ``bench/minimize.py``, since a miss it makes is caught by a check 91% of the time.
 """
 
 from __future__ import annotations
