@@ -21,6 +21,7 @@ named twice on its command line once, so such replays hand the order to the repl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -267,24 +268,11 @@ def search_polluters(
         result = replayer.run(target.variant_with(tests))
         return fails_in(result.process, target.nodeid, fingerprint)
 
-    n = len(target.preceding)
     with _timeout_for(replayer, target):
-        say(f"replaying the {n} tests that ran before it")
-        if not fails(target.preceding):
-            return PolluterSearch(preceding=n, reproduced_in_order=False, replays=replays)
-        say(f"searching {n} preceding tests for polluters")
-        polluters, calls = find_polluters(target.preceding, fails)
-        confirmed = _confirm(polluters, fails, confirm_runs, say)
-    return PolluterSearch(
-        preceding=n,
-        reproduced_in_order=True,
-        polluters=tuple(polluters),
-        oracle_calls=calls,
-        confirmations=confirmed,
-        confirm_runs=confirm_runs,
-        replays=replays,
-        itself=bool(polluters) and all(target.is_itself(t) for t in polluters),
-    )
+        say(f"replaying the {len(target.preceding)} tests that ran before it")
+        search = _search(target.preceding, fails, "polluters", confirm_runs, say)
+    itself = bool(search.polluters) and all(target.is_itself(t) for t in search.polluters)
+    return dataclasses.replace(search, replays=replays, itself=itself)
 
 
 def search_setters(
@@ -307,24 +295,36 @@ def search_setters(
         result = replayer.run(target.variant_with(tests, options=("-rA",)))
         return passes_in(result.process, target.nodeid)
 
-    n = len(candidates)
     least = SETTER_TIMEOUT_S if target.following else 0.0
     with _timeout_for(replayer, target, least_s=least):
-        say(f"replaying the test after the session's {n} other tests")
-        if not passes(candidates):
-            return PolluterSearch(preceding=n, reproduced_in_order=False, replays=replays, kind="setters")
-        say(f"searching {n} tests for the state it needs")
-        setters, calls = find_polluters(candidates, passes)
-        confirmed = _confirm(setters, passes, confirm_runs, say)
+        say(f"replaying the test after the session's {len(candidates)} other tests")
+        search = _search(candidates, passes, "setters", confirm_runs, say)
+    return dataclasses.replace(search, replays=replays)
+
+
+def _search(
+    candidates: Sequence[str],
+    holds: Callable[[Sequence[str]], bool],
+    kind: Literal["polluters", "setters"],
+    confirm_runs: int,
+    say: Progress,
+) -> PolluterSearch:
+    """The search both kinds share: all of ``candidates`` first; when the victim shows the effect
+    after them, their smallest subset that still shows it, confirmed ``confirm_runs`` times. Its
+    ``replays`` are left to the caller, which counts every run."""
+    n = len(candidates)
+    if not holds(candidates):
+        return PolluterSearch(preceding=n, reproduced_in_order=False, kind=kind)
+    say(f"searching {n} tests for the {'state it needs' if kind == 'setters' else 'polluters'}")
+    found, calls = find_polluters(candidates, holds)
     return PolluterSearch(
         preceding=n,
         reproduced_in_order=True,
-        polluters=tuple(setters),
+        polluters=tuple(found),
         oracle_calls=calls,
-        confirmations=confirmed,
+        confirmations=_confirm(found, holds, confirm_runs, say),
         confirm_runs=confirm_runs,
-        replays=replays,
-        kind="setters",
+        kind=kind,
     )
 
 
