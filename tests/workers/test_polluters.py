@@ -347,3 +347,15 @@ def test_a_test_that_was_not_collected_does_not_pass() -> None:
     assert not passes_in(_process(f"PASSED {VICTIM}", VICTIM_LINE), VICTIM)  # ran twice, failed once
     assert not passes_in(ProcessResult(exit_code=4, stdout="ERROR: not found: x", stderr="",
                                        timed_out=False, duration_s=0.1), VICTIM)  # fmt: skip
+
+
+def test_the_polluters_are_1_minimal_when_a_later_test_undoes_the_pollution() -> None:
+    # test_0 pollutes; test_1 cleans up what test_0 left, unless test_3 ran too (it pollutes again
+    # only after a cleanup). The victim fails after test_0 alone: test_3 is no polluter of its own.
+    tests = [f"t.py::test_{i}" for i in range(12)]
+
+    def fails(ran: Sequence[str]) -> bool:
+        return "t.py::test_0" in ran and ("t.py::test_1" not in ran or "t.py::test_3" in ran)
+
+    found, _ = find_polluters(tests, fails)
+    assert found == ["t.py::test_0"]
