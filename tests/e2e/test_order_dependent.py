@@ -120,18 +120,27 @@ def test_sets_up():
     os.environ["SERVICE_READY"] = "1"
 """,
 }
+
+
+def _captured(project: Any, files: dict[str, str], *args: str) -> dict[str, str]:
+    """Write the suite into a git project, run it under the plugin (it must fail): test id -> bundle."""
+    for name, text in files.items():
+        project.write(name, text)
+    project.git_init()
+    run = _pytest(project, *args)
+    assert run.returncode == 1, run.stdout + run.stderr
+    return {b["test_id"]: b["id"] for b in json.loads(project.run("bundle", "list", "--json").stdout)}
+
+
 QUICK = {"FLAKETRIAGE_MAX_FLAKY_RATE": "0.2"}
 """Decide after 2 replays each way (and confirm once): the verdicts are the same, in fewer runs."""
 
 
 def test_a_test_run_twice_is_its_own_polluter_and_a_brittle_test_names_its_setter(project: Any) -> None:
-    for name, text in SHAPES.items():
-        project.write(name, text)
-    project.git_init()
     # The file run twice (as a CI step that reruns a module would); the brittle test before its setter.
-    run = _pytest(project, "--keep-duplicates", "test_c.py", "test_d.py", "test_e.py", "test_c.py")
-    assert run.returncode == 1, run.stdout + run.stderr
-    bundles = {b["test_id"]: b["id"] for b in json.loads(project.run("bundle", "list", "--json").stdout)}
+    bundles = _captured(
+        project, SHAPES, "--keep-duplicates", "test_c.py", "test_d.py", "test_e.py", "test_c.py"
+    )
     assert set(bundles) == {"test_c.py::test_registers_once", "test_d.py::test_needs_setup"}
 
     twice = project.run_json("triage", bundles["test_c.py::test_registers_once"], env=QUICK)
@@ -155,11 +164,9 @@ def test_a_test_run_twice_is_its_own_polluter_and_a_brittle_test_names_its_sette
 
 
 def test_pytest_repeat_repetitions_replay_with_the_plugin_that_made_them(project: Any) -> None:
-    project.write("test_c.py", SHAPES["test_c.py"])
-    project.git_init()
-    run = _pytest(project, "-p", "repeat", "--count", "3", "test_c.py")
-    assert run.returncode == 1, run.stdout + run.stderr
-    bundles = {b["test_id"]: b["id"] for b in json.loads(project.run("bundle", "list", "--json").stdout)}
+    bundles = _captured(
+        project, {"test_c.py": SHAPES["test_c.py"]}, "-p", "repeat", "--count", "3", "test_c.py"
+    )
     assert set(bundles) == {"test_c.py::test_registers_once[2-3]", "test_c.py::test_registers_once[3-3]"}
     result = project.run_json("triage", bundles["test_c.py::test_registers_once[2-3]"], env=QUICK)
     assert result["verdict"] == "order_dependent", result
