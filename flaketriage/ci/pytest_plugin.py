@@ -80,8 +80,8 @@ class FlaketriageSession:
         self.started = time.monotonic()
         self.ran: list[str] = []
         """Ids (relative to the invocation directory) of the tests finished so far, in order."""
-        self.collected: list[str] = []
-        """Ids (same form) of the tests the session is to run, in order."""
+        self._items: Sequence[pytest.Item] = ()
+        self._collected: list[str] | None = None
         self.captured: list[Captured] = []
         self.quarantined: dict[str, str] = {}
         """node id → what the summary says about its quarantine."""
@@ -166,16 +166,23 @@ class FlaketriageSession:
             self.ran.append(rel)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.collected = [self.relative(item.nodeid) for item in session.items]
+        self._items = session.items  # their ids are written out at the first failure, not here
+
+    @property
+    def collected(self) -> list[str]:
+        """Ids (relative to the invocation directory) of the tests the session is to run, in order."""
+        if self._collected is None:
+            self._collected = [self.relative(item.nodeid) for item in self._items]
+        return self._collected
 
     def _following(self, rel: str) -> list[str]:
         """The tests still to run after ``rel``: the rest of the collection when it runs in order,
         else (a pytest-xdist worker runs what it is handed) every collected test not run yet."""
-        here = len(self.ran)
-        if here < len(self.collected) and self.collected[here] == rel:
-            return self.collected[here + 1 :]
+        collected, here = self.collected, len(self.ran)
+        if here < len(collected) and collected[here] == rel:
+            return collected[here + 1 :]
         done = {*self.ran, rel}
-        return [t for t in self.collected if t not in done]
+        return [t for t in collected if t not in done]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.captured:
