@@ -20,7 +20,7 @@ from flaketriage.errors import ConfigError, MetricsFileError
 from flaketriage.hangs import STUCK_FRAMES, HangDump, frame_function
 from flaketriage.manifest import Failure, FailureCriteria
 from flaketriage.metrics import bound_violation, read_metrics
-from flaketriage.normalize import clean_line, normalize_message, strip_ansi
+from flaketriage.normalize import clean_line, collapse_long_reprs, normalize_message, strip_ansi
 from flaketriage.tracebacks import PytestFailure, PythonError, parse_pytest_failures, parse_python_traceback
 
 FailureKind = Literal["exception", "exit", "signal", "pattern", "metric", "timeout", "test"]
@@ -291,6 +291,8 @@ def _pytest_entry(test: PytestFailure) -> str:
     # pytest cuts summary messages to the terminal width with "..."; the cut itself is not the failure.
     if message.endswith("..."):
         message = message[:-3]
+    # What an assertion prints of the state it compares varies with the tests that ran before.
+    message = collapse_long_reprs(message)
     return f"{clean_line(test.nodeid)}|{clean_line(test.exception_type or '')}|{normalize_message(message)}"
 
 

@@ -91,6 +91,72 @@ def _normalize_once(text: str) -> str:
     return text[:MAX_MESSAGE_CHARS].rstrip()
 
 
+LONG_REPR_CHARS = 40
+"""A bracketed span (a container's repr) longer than this is one failure whatever it holds."""
+
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+_QUOTES = "'\""
+
+
+def collapse_long_reprs(text: str) -> str:
+    """``text`` with every outermost ``(...)``, ``[...]`` or ``{...}`` span longer than
+    `LONG_REPR_CHARS` cut to its brackets around ``...``.
+
+    pytest's assertion messages print the state they compare (``assert 'x' not in {...sys.modules}``);
+    what that state holds depends on the tests that ran before, so a polluter search that drops one
+    would see a "different" failure. Short spans stay: ``[1, 2] == [1, 3]`` differs from ``[1, 4]``.
+    Quoted strings are skipped whole, so a bracket inside one does not count; a span the message's
+    cut leaves open runs to the end and reads the same as a closed one. Linear, idempotent.
+    """
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in _QUOTES:
+            end = _quote_end(text, i)
+            out.append(text[i:end])
+            i = end
+            continue
+        if ch not in _OPENERS:
+            out.append(ch)
+            i += 1
+            continue
+        end = _span_end(text, i)
+        if end - i > LONG_REPR_CHARS:
+            # Closed or cut open by the message's end, a long span is the same placeholder.
+            out.append(ch + "..." + _OPENERS[ch])
+        else:
+            out.append(text[i:end])
+        i = end
+    return "".join(out)
+
+
+def _quote_end(text: str, start: int) -> int:
+    """The index after the quote that closes the one at ``start``, or the text's end."""
+    close = text.find(text[start], start + 1)
+    while close != -1 and text[close - 1] == "\\":
+        close = text.find(text[start], close + 1)
+    return len(text) if close == -1 else close + 1
+
+
+def _span_end(text: str, start: int) -> int:
+    """The index after the bracket that closes the one at ``start``, or the text's end."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in _QUOTES:
+            i = _quote_end(text, i)
+            continue
+        if ch in _OPENERS:
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
 def normalize_message(text: str) -> str:
     """Mask what varies between runs of the same failure: paths, addresses, ids, temp names, numbers.
 

@@ -20,7 +20,7 @@ from flaketriage.errors import ConfigError, MetricsFileError
 from flaketriage.fingerprint import fingerprint_failure, frame_key
 from flaketriage.manifest import FailureCriteria, MetricBound
 from flaketriage.metrics import bound_violation, read_metrics
-from flaketriage.normalize import MAX_MESSAGE_CHARS, normalize_message
+from flaketriage.normalize import MAX_MESSAGE_CHARS, collapse_long_reprs, normalize_message
 from flaketriage.tracebacks import parse_pytest_failures, parse_python_traceback
 
 
@@ -222,6 +222,56 @@ def test_pytest_summary_lines() -> None:
         ("tests/test_bad.py", "error", "ModuleNotFoundError", "No module named 'foo'"),
         ("tests/test_x.py::test_w", "error", "RuntimeError", "fixture broke"),
     ]
+
+
+def _summary_fingerprint(line: str) -> str:
+    info = fingerprint_failure(exit_code=1, stdout=f"{PYTEST_OUTPUT.splitlines()[1]}\n{line}\n", stderr="")
+    assert info is not None
+    return info.fingerprint
+
+
+def test_an_assertion_that_prints_the_state_it_checks_is_one_failure_whatever_the_state() -> None:
+    # six's test_lazy: `assert 'html.parser' not in sys.modules` prints sys.modules, whose contents
+    # (and order) depend on the tests that ran before; a polluter search that drops an unrelated one
+    # must still see the same failure.
+    def modules(*names: str) -> str:
+        return "{" + ", ".join(f"'{n}': <module '{n}' (built-in)>" for n in names)
+
+    victim = "FAILED test_six.py::test_lazy - AssertionError: assert 'html.parser' not in "
+    after_all = _summary_fingerprint(victim + modules("sys", "builtins", "dbm", "html.parser") + "}")
+    after_one = _summary_fingerprint(victim + modules("sys", "html.parser", "_markupbase") + "}")
+    cut_short = _summary_fingerprint(
+        victim + modules("sys", "builtins", "tkinter", "winreg")
+    )  # cut, unclosed
+    assert after_all == after_one == cut_short
+    # Short values are the failure itself, and a different comparison is a different failure.
+    assert _summary_fingerprint(
+        "FAILED t.py::test_x - assert ['a', 'b'] == ['a', 'c']"
+    ) != _summary_fingerprint("FAILED t.py::test_x - assert ['a', 'b'] == ['a', 'd']")
+    assert after_all != _summary_fingerprint(victim.replace("not in", "in") + modules("sys", "dbm") + "}")
+
+
+@pytest.mark.parametrize(
+    ("raw", "collapsed"),
+    [
+        ("assert {'a': 1} == {'a': 2}", "assert {'a': 1} == {'a': 2}"),
+        ("assert x in [" + "1, " * 30 + "2]", "assert x in [...]"),
+        ("f(" + "a" * 50 + ") and {" + "b" * 45, "f(...) and {...}"),
+        # A bracket inside a string is text, not a container: the quoted string stays whole.
+        ("KeyError: '" + "(" * 60 + "'", "KeyError: '" + "(" * 60 + "'"),
+        ("got {'k': ')" + "x" * 50 + "'}", "got {...}"),
+    ],
+)
+def test_collapse_long_reprs_examples(raw: str, collapsed: str) -> None:
+    assert collapse_long_reprs(raw) == collapsed
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="([{}])'\"ab ,:", max_size=200))
+def test_collapse_long_reprs_is_idempotent_and_never_longer(text: str) -> None:
+    once = collapse_long_reprs(text)
+    assert collapse_long_reprs(once) == once
+    assert len(once) <= len(text)
 
 
 def test_pytest_lines_need_a_node_id() -> None:
