@@ -155,6 +155,15 @@ class Pipeline:
     def _advance(self, work_id: int) -> str:
         work = self._work(work_id)
         manifest = load_manifest(self.env.store(str(work.store_url)), str(work.bundle_id))
+        queue = replay_queue(manifest)
+        if work.queue != queue.value:
+            # The intake cannot read a bundle's hardware: the first step moves the triage to the
+            # queue its replays run on, so its decision (and its hardware check) runs there too.
+            with self.db.session() as session:
+                _set_work(session, work_id, queue=queue.value, status=WorkStatus.QUEUED.value,
+                          heartbeat_at=None, sent_at=utc_now())  # fmt: skip
+            self.env.dispatcher.send([Outgoing(task_name(Step.TRIAGE), WorkOrder(work_id=work_id), queue)])
+            return f"moved to the {queue.value} queue"
         self._set_case(work.case_id, status=CaseStatus.TRIAGING.value, only_from=(CaseStatus.QUEUED.value,))
         if OrderTarget.of(manifest) is not None:
             return self._triage_in_order(work, manifest)

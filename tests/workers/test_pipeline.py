@@ -382,3 +382,34 @@ def test_garbage_collection_keeps_the_bundles_of_open_cases_and_quarantined_fail
     assert Upkeep(world.env).collect_garbage() == {"bundles": 1, "objects": 0}  # its blobs are young
     listed = {s.id for s in list_bundles(world.store)}
     assert listed == {opened, quarantined} and loose not in listed
+
+
+def test_a_gpu_bundles_triage_decides_on_the_gpu_queue_where_its_replays_ran(world: World) -> None:
+    from flaketriage.bundle import load_manifest, write_bundle
+    from flaketriage.manifest import GPU, Hardware
+
+    captured = load_manifest(world.store, world.capture("raise SystemExit(3)\n"))
+    on_gpu = captured.model_copy(
+        update={"hardware": Hardware(host="gpu-box", gpus=(GPU(index=0, name="H100"),))}
+    )
+    case_id = world.announce(write_bundle(world.store, on_gpu))
+    # The intake cannot read the bundle: its first step is asked of the cpu queue...
+    [(name, order, queue)] = world.sender.take()
+    assert (name.split(".", 1)[1], queue) == ("triage", "cpu")
+    assert world.pipeline.triage(order.work_id) == "moved to the gpu queue"
+    # ...and from there on every step of the triage runs on the gpu queue, the decision included.
+    steps: list[tuple[str, str]] = []
+    while world.sender.sent:
+        for name, work_order, queue in world.sender.take():
+            step = name.split(".", 1)[1]
+            steps.append((step, str(queue)))
+            if step == Step.REPLAY:
+                world.pipeline.replay(work_order.work_id, int(work_order.replay or 0))
+            else:
+                getattr(world.pipeline, step)(work_order.work_id)
+    triage_steps = [queue for step, queue in steps if step in ("triage", "replay")]
+    assert triage_steps and set(triage_steps) == {"gpu"}
+    assert steps[-1] == ("report", "report")
+    triage_work = world.works(case_id)[0]
+    assert triage_work.queue == "gpu" and triage_work.status == "done"
+    assert world.case(case_id).verdict == "deterministic"
