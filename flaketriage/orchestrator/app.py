@@ -39,6 +39,7 @@ from flaketriage.orchestrator.api_models import (
 from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
 from flaketriage.orchestrator.payloads import Parsed, PayloadError
+from flaketriage.orchestrator.ping import add_ping_route
 from flaketriage.orchestrator.runners import list_runners
 from flaketriage.orchestrator.service import Service
 from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
@@ -155,6 +156,7 @@ def create_app(service: Service) -> FastAPI:
     events_secret = (
         settings.webhook_secret.get_secret_value().encode("utf-8") if settings.webhook_secret else b""
     )
+    add_ping_route(app, events_secret, service.policy)  # POST /v1/ping: a signed no-op (doctor)
 
     @app.post(
         "/v1/events",
