@@ -60,6 +60,23 @@ def celery_config(
     return config
 
 
+BROKER_MARK = "flaketriage:broker-mark"
+"""A key the sweep keeps in a Redis broker: missing, the broker lost its data (it restarted empty)."""
+
+
+def broker_was_emptied(connection: Any) -> bool:
+    """Whether the broker behind a kombu `connection` lost its messages since the last call.
+
+    Redis keeps nothing on disk here: a restart empties its queues. The first call on a broker sets
+    a mark; a later call that finds no mark knows the data, and the messages with it, are gone.
+    (The very first call on a new broker reads as emptied too: its sweep sends queued work once more,
+    which runs once.) Other brokers keep their messages: False.
+    """
+    if getattr(connection.transport, "driver_type", None) != "redis":
+        return False
+    return bool(connection.default_channel.client.set(BROKER_MARK, "1", nx=True))
+
+
 @functools.cache
 def local_transport() -> type:
     """kombu's SQLAlchemy transport polling ten times a second instead of once."""

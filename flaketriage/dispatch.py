@@ -278,11 +278,16 @@ class Dispatcher:
         """Hand committed work to the broker; `BrokerError` when it cannot take it (the sweep will)."""
         self.sender.send_many([item for item in outgoing if item is not None])
 
-    def sweep(self) -> int:
+    def sweep(self, *, broker_emptied: bool = False) -> int:
         """Send again what waits too long: queued work, work whose lease ran out, replays never done,
-        and triages whose replays all finished but whose next step was never sent."""
+        and triages whose replays all finished but whose next step was never sent.
+
+        With `broker_emptied` (the broker restarted with none of its messages), everything queued
+        or waiting is sent again now, not after `sweep_after_s`: none of it is in the broker.
+        """
         now = self.clock()
-        due = now - self.sweep_after
+        due = now if broker_emptied else now - self.sweep_after
+        replays_due = now if broker_emptied else now - self.replay_grace
         lease_out = now - timedelta(seconds=LEASE_S)
         resend: list[Outgoing] = []
         with self.database.session() as session:
@@ -311,7 +316,7 @@ class Dispatcher:
             stale_replays = session.execute(
                 select(ReplayRow, Work.queue)
                 .join(Work, Work.id == ReplayRow.work_id)
-                .where(ReplayRow.outcome.is_(None), ReplayRow.sent_at < now - self.replay_grace)
+                .where(ReplayRow.outcome.is_(None), ReplayRow.sent_at < replays_due)
                 .where(Work.status != WorkStatus.DONE.value)
             ).all()
             for replay, queue in stale_replays:

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Celery
 
-from flaketriage.broker import celery_config
+from flaketriage.broker import broker_was_emptied, celery_config
 from flaketriage.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.records import Database
@@ -124,7 +124,11 @@ def create_celery(settings: Settings) -> Celery:
         step_task(step)
 
     def sweep() -> int:
-        return holder.env().dispatcher.sweep()
+        with app.connection_for_write() as connection:
+            emptied = broker_was_emptied(connection)
+        if emptied:
+            log.warning("the broker lost its messages (it restarted empty): sending all waiting work again")
+        return holder.env().dispatcher.sweep(broker_emptied=emptied)
 
     def schedule_reruns() -> int:
         return Upkeep(holder.env()).schedule_reruns()

@@ -5,11 +5,12 @@ works on a new one."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
-from flaketriage.broker import celery_config, redis_transport
+from flaketriage.broker import BROKER_MARK, broker_was_emptied, celery_config, redis_transport
 from tests.conftest import Redis
 
 
@@ -60,3 +61,26 @@ def test_publishing_works_across_a_broker_restart(app: Celery, redis: Redis) -> 
     with app.producer_or_acquire() as producer:
         app.send_task("t", args=[2], queue=queue, producer=producer, retry=True)
     assert _queued(redis, queue) == 1
+
+
+def test_the_sweep_knows_a_redis_broker_restarted_empty(app: Celery, redis: Redis, tmp_path: Path) -> None:
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(redis.url) as client:
+        client.delete(BROKER_MARK)  # as on a broker never swept before
+    with app.connection_for_write() as conn:
+        assert broker_was_emptied(conn)  # first sweep on this broker: it sets the mark
+        assert not broker_was_emptied(conn)
+        assert not broker_was_emptied(conn)
+    redis.restart()  # it keeps nothing on disk: the mark and every queued message are gone
+    with app.connection_for_write() as conn:
+        assert broker_was_emptied(conn)
+        assert not broker_was_emptied(conn)
+    # A local broker keeps its messages in its database: never emptied.
+    local = Celery("ft-broker-local", set_as_current=False)
+    local.conf.update(celery_config(f"sqla+sqlite:///{tmp_path / 'q.db'}"))
+    try:
+        with local.connection_for_write() as conn:
+            assert not broker_was_emptied(conn)
+    finally:
+        local.close()

@@ -262,6 +262,18 @@ def test_a_lost_message_is_sent_again_by_the_sweep(world: World) -> None:
     assert world.case(case_id).status == "reported"
 
 
+def test_a_broker_that_restarted_empty_gets_all_waiting_work_at_the_next_sweep(world: World) -> None:
+    bundle = world.capture(DETERMINISTIC)
+    case_id = world.announce(bundle)
+    first = world.sender.take()
+    world.pipeline.triage(first[0][1].work_id)
+    assert len(world.sender.take()) == 4  # the replays were in the broker when it restarted
+    assert world.env.dispatcher.sweep() == 0  # not due: a message may still be on its way
+    assert world.env.dispatcher.sweep(broker_emptied=True) == 4  # none is: all of them at once
+    world.drive()
+    assert world.case(case_id).status == "reported"
+
+
 def test_lost_replays_and_a_lost_triage_step_are_sent_again(world: World) -> None:
     bundle = world.capture(DETERMINISTIC)
     case_id = world.announce(bundle)
