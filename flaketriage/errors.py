@@ -30,6 +30,9 @@
     │   └── IssueTrackerError         GitHub refused or failed a call (``status``: its HTTP status)
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
+    │   └── EventRefusedError         a refusal retrying cannot fix (a wrong URL or secret, a store the
+    │                                 service does not read): reported, not queued; ``setting`` says what
+    │                                 to change
     ├── RecordsError                  the service's database: unreachable, or a write refused
     ├── BrokerError                   the task broker cannot take work (it stays recorded, re-sent later)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
@@ -241,6 +244,19 @@ class NotifyError(FlaketriageError):
         """The service refused this event itself (not the sender, the URL or its own health):
         other events may still go through."""
         return self.status in (400, 409, 413, 415, 422)
+
+
+class EventRefusedError(NotifyError):
+    """The event cannot be delivered as things are set up, and retrying will not change that: the
+    service refused it with a 4xx other than 408/425/429 (a wrong URL, a signature made with another
+    secret, a store it does not read), or there is no URL or secret to send with.
+
+    Such an event is not queued; ``setting`` names the setting to change (None when none does).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, setting: str | None = None) -> None:
+        super().__init__(message, status=status)
+        self.setting = setting
 
 
 class SignatureError(FlaketriageError):

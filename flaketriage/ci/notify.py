@@ -1,7 +1,10 @@
 """Sending events: the signed ``POST /v1/events`` request, its retries, and the outbox fallback.
 
-Sending never fails a CI job: an event that cannot be delivered waits in the outbox
-(`flaketriage.ci.outbox`) and the next send, or ``flaketriage notify --flush``, delivers it. Each
+Sending never fails a CI job. An event that cannot be delivered yet (the service is down, times
+out, answers 5xx, 408 or 429) waits in the outbox (`flaketriage.ci.outbox`) and the next send, or
+``flaketriage notify --flush``, delivers it. One that never will as things are set up (any other
+4xx: a wrong URL, a signature made with another secret, a store the service does not read; or no
+secret to sign with) is an `EventRefusedError` naming the setting to change, and is not queued. Each
 bundle's event is remembered in the store (ref ``events/<bundle id>``), so sending the same bundle
 again re-sends the same ``event_id`` and the receiver drops the duplicate.
 """
@@ -9,22 +12,24 @@ again re-sends the same ``event_id`` and the receiver drops the duplicate.
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import ValidationError
 
 from flaketriage import __version__
 from flaketriage.bundle import list_bundles, load_manifest
-from flaketriage.ci.outbox import FlushResult, Outbox
+from flaketriage.ci.outbox import FlushResult, Outbox, Refusal
 from flaketriage.ci.provenance import detect_provenance
-from flaketriage.errors import NotifyError, StoreError
+from flaketriage.errors import EventRefusedError, NotifyError, StoreError
 from flaketriage.events import FailureEvent, StoreLocation
 from flaketriage.manifest import Provenance
 from flaketriage.settings import Settings
@@ -39,12 +44,20 @@ __all__ = [
     "FlushResult",
     "Notifier",
     "Outbox",
+    "Refusal",
+    "Sending",
     "event_for_bundle",
+    "forget_event",
+    "is_retryable",
     "known_event",
     "merge_provenance",
+    "post_signed",
+    "record_deliveries",
     "remember_event",
+    "send_bundles",
     "send_event",
     "send_or_queue",
+    "status_error",
     "unsent_bundles",
 ]
 
@@ -56,6 +69,8 @@ MAX_DELAY_S = 30.0
 HOLD_S = 60.0
 """After the service was unreachable, automatic sends queue without trying for this long."""
 _RETRY_STATUSES = frozenset({408, 425, 429})
+ALLOWED_STORES = "FLAKETRIAGE_ALLOWED_STORES"
+"""What the service's refusal of an event's store names (`flaketriage.orchestrator.sightings`)."""
 _NO_CI = (None, "local", "unknown-ci")
 
 
@@ -68,14 +83,30 @@ def send_event(
     retries: int = 4,
     backoff_s: float = 0.5,
 ) -> None:
-    """POST the signed event; retry connection errors, timeouts, 5xx, 408 and 429 with backoff.
+    """POST the signed event; retry connection errors, timeouts, 5xx, 408, 425 and 429 with backoff.
 
     Waits ``backoff_s * 2**n`` with jitter (or the server's Retry-After) between attempts and
-    raises `NotifyError` once `retries` retries are spent, or at once on any other status.
+    raises `NotifyError` once `retries` retries are spent. Any other answer that is not a success
+    (a wrong URL or secret, an event the service does not take) is an `EventRefusedError` at once.
+    """
+    post_signed(url, event.body(), secret, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
+
+
+def post_signed(
+    url: str,
+    body: bytes,
+    secret: bytes,
+    *,
+    timeout_s: float = 5.0,
+    retries: int = 4,
+    backoff_s: float = 0.5,
+) -> httpx.Response:
+    """POST `body` signed with `secret`, retrying what may pass later; the successful response.
+
+    Raises `NotifyError` (transient: retries spent) or `EventRefusedError` (retrying cannot help).
     """
     import httpx  # only when something is sent: a capture that sends nothing never pays for it
 
-    body = event.body()
     failure = NotifyError(f"could not send to {url}")
     retry_after: float | None = None
     tried = 0
@@ -88,18 +119,19 @@ def send_event(
             try:
                 response = client.post(url, content=body, headers=headers)
             except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-                raise NotifyError(
-                    f"cannot send to {url!r} ({exc}); set FLAKETRIAGE_NOTIFY_URL (or --to) to the "
-                    "service's https://host/v1/events"
+                raise EventRefusedError(
+                    f"cannot send to {url!r} ({exc}); set FLAKETRIAGE_NOTIFY_URL to the service's "
+                    "https://HOST/v1/events",
+                    setting="FLAKETRIAGE_NOTIFY_URL",
                 ) from exc
             except httpx.TransportError as exc:
                 failure = NotifyError(f"could not reach {url}: {type(exc).__name__}: {exc or 'no detail'}")
                 retry_after = None
                 continue
             if response.is_success:
-                return
-            failure = _status_error(url, response)
-            if response.status_code not in _RETRY_STATUSES and response.status_code < 500:
+                return response
+            failure = status_error(url, response)
+            if isinstance(failure, EventRefusedError):
                 raise failure
             retry_after = _retry_after(response.headers.get("Retry-After"))
             if retry_after is not None and retry_after > MAX_DELAY_S:
@@ -131,31 +163,81 @@ def _retry_after(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, float(when.timestamp()) - reference)
 
 
-def _status_error(url: str, response: httpx.Response) -> NotifyError:
+def is_retryable(status: int) -> bool:
+    """Whether an answer with this HTTP status may pass if sent again later: 5xx, 408, 425, 429."""
+    return status >= 500 or status in _RETRY_STATUSES
+
+
+def status_error(url: str, response: httpx.Response) -> NotifyError:
+    """The error for a response that is not a success: an `EventRefusedError` naming the setting to
+    change, unless `is_retryable`."""
     code = response.status_code
-    detail = " ".join(response.text.split())[:200]
-    hint = ""
-    if code in (401, 403):
-        hint = "; the service refused the signature: check that FLAKETRIAGE_WEBHOOK_SECRET matches its secret"
-    elif code == 404:
-        hint = "; check the URL (the events endpoint is https://host/v1/events)"
-    elif 300 <= code < 400:
-        hint = f"; it redirects to {response.headers.get('Location')!r}: use that URL"
-    elif code in (400, 409, 413, 415, 422):
-        hint = "; the service refused this event (a newer service may read it: it stays in the outbox)"
+    detail = _detail(response)
     reason = response.reason_phrase or ""
-    text = f"{url} answered HTTP {code} {reason}".rstrip()
-    return NotifyError(f"{text}{f': {detail}' if detail else ''}{hint}", status=code)
+    text = f"{url} answered HTTP {code} {reason}".rstrip() + (f": {detail}" if detail else "")
+    if is_retryable(code):
+        return NotifyError(text, status=code)
+    setting, hint = _refusal_hint(code, detail, response.headers.get("Location"))
+    return EventRefusedError(f"{text}; {hint}", status=code, setting=setting)
+
+
+def _detail(response: httpx.Response) -> str:
+    """The service's ``{"detail": ...}`` (or the body's text), on one line and cut short."""
+    text = response.text
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), str):
+        text = parsed["detail"]
+    return " ".join(text.split())[:400]
+
+
+def _refusal_hint(code: int, detail: str, location: str | None) -> tuple[str | None, str]:
+    """The setting to change for a refusal, and what to do, in words."""
+    if code in (401, 403):
+        if "clock" in detail:
+            return None, "sync this machine's clock (NTP): signatures are valid for 5 minutes"
+        if "is not set" in detail:
+            return "FLAKETRIAGE_WEBHOOK_SECRET", "set FLAKETRIAGE_WEBHOOK_SECRET on the service"
+        return (
+            "FLAKETRIAGE_WEBHOOK_SECRET",
+            "set FLAKETRIAGE_WEBHOOK_SECRET to the secret the service has (the same on both sides)",
+        )
+    if 300 <= code < 400:
+        return (
+            "FLAKETRIAGE_NOTIFY_URL",
+            f"it redirects to {location!r}: set FLAKETRIAGE_NOTIFY_URL to that URL",
+        )
+    if code in (404, 405, 410):
+        return (
+            "FLAKETRIAGE_NOTIFY_URL",
+            "set FLAKETRIAGE_NOTIFY_URL to the service's events endpoint, https://HOST/v1/events",
+        )
+    if code == 422 and ALLOWED_STORES in detail:
+        return (
+            "FLAKETRIAGE_STORE",
+            "set FLAKETRIAGE_STORE (pytest: --flaketriage-store; notify: --location) to a store the "
+            f"service reads, or add this one to the service's {ALLOWED_STORES}",
+        )
+    if code == 413:
+        return "FLAKETRIAGE_MAX_BODY_KB", "raise the service's FLAKETRIAGE_MAX_BODY_KB"
+    return None, (
+        f"the service does not take this event from flaketriage {__version__}: run the same "
+        "flaketriage version on the service and here"
+    )
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """What became of one event."""
+    """What became of one event: sent, queued for a later run, or refused for good (not queued)."""
 
     bundle_id: str
     event_id: str
-    status: Literal["sent", "queued"]
+    status: Literal["sent", "queued", "refused"]
     error: str | None = None
+    setting: str | None = None
+    """For a refused event, the setting to change (None when no setting would help)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -163,11 +245,12 @@ class Delivery:
             "event_id": self.event_id,
             "status": self.status,
             "error": self.error,
+            "setting": self.setting,
         }
 
 
 class Notifier:
-    """Sends events to one endpoint with one secret, queueing what cannot be sent in `outbox`."""
+    """Sends events to one endpoint with one secret, queueing what cannot be sent yet in `outbox`."""
 
     def __init__(
         self,
@@ -210,11 +293,12 @@ class Notifier:
         )
 
     def send(self, event: FailureEvent) -> None:
-        """Send one event now; raises `NotifyError`."""
+        """Send one event now; raises `NotifyError` (`EventRefusedError`: retrying cannot help)."""
         if not self.secret:
-            raise NotifyError(
+            raise EventRefusedError(
                 "no webhook secret to sign events with: set FLAKETRIAGE_WEBHOOK_SECRET (or pass "
-                "--secret-env NAME)"
+                "--secret-env NAME) to the service's secret",
+                setting="FLAKETRIAGE_WEBHOOK_SECRET",
             )
         send_event(
             self.url,
@@ -226,7 +310,7 @@ class Notifier:
         )
 
     def flush(self) -> FlushResult:
-        """Send what the outbox holds, oldest first."""
+        """Send what the outbox holds, oldest first; what is refused for good leaves it."""
         result = self.outbox.flush(self.send)
         if result.unreachable:
             self.outbox.hold(HOLD_S)
@@ -235,14 +319,23 @@ class Notifier:
         return result
 
     def deliver(self, event: FailureEvent) -> Delivery:
-        """Send `event`, or queue it when that fails."""
+        """Send `event`; queue it when that may work later, and drop it when it never will."""
+        return self._deliver(event)[0]
+
+    def _deliver(self, event: FailureEvent) -> tuple[Delivery, Refusal | None]:
         try:
             self.send(event)
+        except EventRefusedError as exc:
+            self.outbox.remove(event.event_id)
+            refusal = Refusal.of(event, exc)
+            return Delivery(
+                event.bundle_id, event.event_id, "refused", refusal.reason, refusal.setting
+            ), refusal
         except NotifyError as exc:
-            return self.queue(event, str(exc), hold=not exc.event_rejected)
+            return self.queue(event, str(exc), hold=not exc.event_rejected), None
         self.outbox.remove(event.event_id)  # a re-sent event that was also waiting there
         self.outbox.release()
-        return Delivery(event.bundle_id, event.event_id, "sent")
+        return Delivery(event.bundle_id, event.event_id, "sent"), None
 
     def queue(self, event: FailureEvent, reason: str, *, hold: bool = False) -> Delivery:
         self.outbox.put(event)
@@ -250,36 +343,113 @@ class Notifier:
             self.outbox.hold(HOLD_S)
         return Delivery(event.bundle_id, event.event_id, "queued", reason)
 
+    def deliver_all(self, events: Sequence[FailureEvent], flushed: FlushResult) -> list[Delivery]:
+        """Deliver `events` after `flushed`, the outbox's flush: all are queued when the service was
+        unreachable, and all are refused alike once the sender's own setup was refused (a wrong URL
+        or secret: each would be refused the same way, so they are not sent)."""
+        deliveries: list[Delivery] = []
+        setup = next((r for r in flushed.refused if r.of_setup), None)
+        for event in events:
+            if setup is not None:
+                delivery = Delivery(event.bundle_id, event.event_id, "refused", setup.reason, setup.setting)
+            elif flushed.unreachable:  # the outbox could not go; neither will these: skip the retries
+                delivery = self.queue(event, next(iter(flushed.errors.values())))
+            else:
+                delivery, refusal = self._deliver(event)
+                if refusal is not None and refusal.of_setup:
+                    setup = refusal
+            deliveries.append(delivery)
+        return deliveries
 
-def send_or_queue(settings: Settings, store: Store, bundle_id: str) -> Literal["sent", "queued", "off"]:
-    """Send the bundle's event to ``settings.notify_url`` after flushing the outbox.
+
+@dataclass
+class Sending:
+    """What one round of sending did: the outbox's flush, then each new event."""
+
+    flushed: FlushResult
+    deliveries: list[Delivery]
+    outbox: Path
+
+    @property
+    def refusals(self) -> dict[str, list[str]]:
+        """Why events were refused for good (one entry per distinct reason) → their event ids."""
+        out: dict[str, list[str]] = {}
+        for refusal in self.flushed.refused:
+            out.setdefault(refusal.reason, []).append(refusal.event.event_id)
+        for d in self.deliveries:
+            if d.status == "refused":
+                out.setdefault(d.error or "refused", []).append(d.event_id)
+        return out
+
+    def error_lines(self) -> list[str]:
+        """One line per distinct refusal: how many events, why, and the setting to change."""
+        return [
+            f"{len(ids)} event(s) not sent and not queued (retrying cannot help): {why}; the bundles "
+            "stay in the store, `flaketriage notify --new` sends them once that is fixed"
+            for why, ids in self.refusals.items()
+        ]
+
+    def queued_lines(self) -> list[str]:
+        """One line for the events waiting in the outbox for a later run, with the reason."""
+        queued = [d for d in self.deliveries if d.status == "queued"]
+        if not queued:
+            return []
+        why = queued[0].error or "not sent"
+        return [
+            f"{len(queued)} event(s) queued in {self.outbox} ({why}); the next run, or `flaketriage "
+            "notify --flush`, sends them"
+        ]
+
+
+def send_bundles(settings: Settings, store: Store, bundle_ids: Sequence[str]) -> Sending | None:
+    """Send the bundles' events to ``settings.notify_url`` after flushing the outbox.
 
     For automatic senders such as the pytest plugin. Delivery problems never raise: an event that
-    cannot go now is queued (and logged as a warning), and for a minute after the service was
-    unreachable events are queued without trying. ``"off"`` when no URL is configured. Raises
-    `FlaketriageError` only when the bundle is not in `store` or the outbox cannot be written.
+    may go later is queued (for a minute after the service was unreachable, events are queued
+    without trying), and one that never will as things are set up is refused and not queued
+    (`Sending.error_lines` says what to change). None when no URL is configured. Raises
+    `FlaketriageError` only when a bundle is not in `store` or the outbox cannot be written.
     """
     if not settings.notify_url:
-        return "off"
+        return None
     notifier = Notifier.from_settings(settings)
-    event = event_for_bundle(store, bundle_id)
+    events = [event_for_bundle(store, bundle_id) for bundle_id in bundle_ids]
     if notifier.outbox.held():
-        delivery = notifier.queue(event, "the service was unreachable moments ago")
+        flushed = FlushResult()
+        deliveries = [notifier.queue(e, "the service was unreachable moments ago") for e in events]
     else:
         flushed = notifier.flush()
-        if flushed.unreachable:
-            delivery = notifier.queue(event, next(iter(flushed.errors.values())))
+        deliveries = notifier.deliver_all(events, flushed)
+    record_deliveries(store, flushed, events, deliveries)
+    return Sending(flushed, deliveries, notifier.outbox.directory)
+
+
+def record_deliveries(
+    store: Store, flushed: FlushResult, events: Sequence[FailureEvent], deliveries: Sequence[Delivery]
+) -> None:
+    """Remember the events sent or queued; forget the refused ones, so ``notify --new`` finds
+    their bundles unsent once the setup is fixed."""
+    for event, delivery in zip(events, deliveries, strict=True):
+        if delivery.status == "refused":
+            forget_event(store, event)
         else:
-            delivery = notifier.deliver(event)
-    remember_event(store, event)
-    if delivery.status == "queued":
-        log.warning(
-            "flaketriage: event for bundle %s queued in %s, the next run sends it: %s",
-            bundle_id[:12],
-            notifier.outbox.directory,
-            delivery.error,
-        )
-    return delivery.status
+            remember_event(store, event)
+    for refusal in flushed.refused:
+        forget_event(store, refusal.event)
+
+
+def send_or_queue(
+    settings: Settings, store: Store, bundle_id: str
+) -> Literal["sent", "queued", "refused", "off"]:
+    """`send_bundles` for one bundle: what became of its event (``"off"``: no URL is configured)."""
+    sending = send_bundles(settings, store, [bundle_id])
+    if sending is None:
+        return "off"
+    for line in sending.queued_lines():
+        log.warning("flaketriage: %s", line)
+    for line in sending.error_lines():
+        log.error("flaketriage: %s", line)
+    return sending.deliveries[0].status
 
 
 # -- one event per bundle and store location ------------------------------------------------------
@@ -320,6 +490,17 @@ def known_event(store: Store, bundle_id: str) -> FailureEvent | None:
         return FailureEvent.model_validate_json(raw)
     except ValidationError:
         return None  # written by another flaketriage version: make a new event
+
+
+def forget_event(store: Store, event: FailureEvent) -> None:
+    """Drop the record of `event` for its bundle, if that is the event recorded (best effort)."""
+    known = known_event(store, event.bundle_id)
+    if known is None or known.event_id != event.event_id:
+        return
+    try:
+        store.delete_ref(EVENT_REF + event.bundle_id)
+    except StoreError as exc:
+        log.debug("could not forget event %s in %s: %s", event.event_id, store.location, exc)
 
 
 def remember_event(store: Store, event: FailureEvent) -> None:

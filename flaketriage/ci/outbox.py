@@ -17,10 +17,25 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from flaketriage.atomic import write_atomic
-from flaketriage.errors import NotifyError, StoreNotWritableError
+from flaketriage.errors import EventRefusedError, NotifyError, StoreNotWritableError
 from flaketriage.events import FailureEvent
 
 _HOLD_FILE = ".hold-until"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An event refused for good (`EventRefusedError`): why, and the setting to change."""
+
+    event: FailureEvent
+    reason: str
+    setting: str | None
+    of_setup: bool
+    """The sender's setup was refused (a wrong URL or secret), not this event: every event would be."""
+
+    @classmethod
+    def of(cls, event: FailureEvent, exc: EventRefusedError) -> Refusal:
+        return cls(event, str(exc), exc.setting, of_setup=not exc.event_rejected)
 
 
 @dataclass
@@ -34,12 +49,15 @@ class FlushResult:
     unreachable: bool = False
     unreadable: list[Path] = field(default_factory=list)
     """Files that are not an event this flaketriage can read (left in place, never deleted)."""
+    refused: list[Refusal] = field(default_factory=list)
+    """Events refused for good, and so taken out of the outbox."""
 
     def to_json(self) -> dict[str, object]:
         return {
             "sent": self.sent,
             "kept": self.kept,
             "errors": self.errors,
+            "refused": {r.event.event_id: r.reason for r in self.refused},
             "unreachable": self.unreachable,
             "unreadable": [str(p) for p in self.unreadable],
         }
@@ -98,22 +116,30 @@ class Outbox:
     def flush(self, send: Callable[[FailureEvent], None]) -> FlushResult:
         """Send queued events oldest first, deleting each once sent.
 
-        An event the service rejected (`NotifyError.event_rejected`) stays and the flush goes on;
-        any other failure (down, timing out, a wrong URL or secret) stops it, keeping the rest,
-        since they would fail the same way.
+        An event refused for good (`EventRefusedError`) is deleted too, and the flush goes on; when
+        it was the sender's setup that was refused (a wrong URL or secret) the rest are deleted
+        as refused alike, unsent. Any other failure (the service down, timing out, answering 5xx)
+        stops the flush, keeping the rest, since they would fail the same way.
         """
         events, unreadable = self._scan()
         result = FlushResult(unreadable=unreadable)
         for i, event in enumerate(events):
             try:
                 send(event)
+            except EventRefusedError as exc:
+                refusal = Refusal.of(event, exc)
+                rest = events[i:] if refusal.of_setup else [event]
+                for refused in rest:
+                    self.remove(refused.event_id)
+                    result.refused.append(Refusal(refused, refusal.reason, refusal.setting, refusal.of_setup))
+                if refusal.of_setup:
+                    break
             except NotifyError as exc:
                 result.kept.append(event.event_id)
                 result.errors[event.event_id] = str(exc)
-                if not exc.event_rejected:
-                    result.unreachable = True
-                    result.kept.extend(e.event_id for e in events[i + 1 :])
-                    break
+                result.unreachable = True
+                result.kept.extend(e.event_id for e in events[i + 1 :])
+                break
             else:
                 self.remove(event.event_id)
                 result.sent.append(event.event_id)

@@ -14,6 +14,7 @@ pays one list append per test.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ class FlaketriageSession:
         """node id → what the summary says about its quarantine."""
         self.notes: list[str] = []
         self.sent: dict[str, str] = {}
+        self.errors: list[str] = []
+        """Refusals that retrying cannot fix, each naming the setting to change: the last lines."""
         self._failed: dict[str, list[pytest.TestReport]] = {}
         self._settings: Settings | None = None
         self._capture: SessionCapture | None = None
@@ -184,7 +187,17 @@ class FlaketriageSession:
         done = {*self.ran, rel}
         return [t for t in collected if t not in done]
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None]:
+        # The outermost wrapper: events are sent first (the summary says how they went), and a
+        # refusal that retrying cannot fix is written after pytest's stats line, as the last line.
+        self._send()
+        try:
+            return (yield)
+        finally:
+            self._write_errors()
+
+    def _send(self) -> None:
         if not self.captured:
             return
         try:
@@ -192,15 +205,33 @@ class FlaketriageSession:
         except Exception as exc:  # a broken sender must never fail the run
             self.notes.append(f"cannot load the event sender: {type(exc).__name__}: {exc}")
             send = None
-        for c in self.captured:
-            if send is None:
-                self.sent[c.bundle_id] = "off"
-                continue
-            try:
-                self.sent[c.bundle_id] = send(self.settings, self._capturer().store, c.bundle_id)
-            except Exception as exc:  # sending must never fail the run
-                self.sent[c.bundle_id] = "error"
-                self.notes.append(f"could not send bundle {c.bundle_id[:12]}: {exc}")
+        ids = [c.bundle_id for c in self.captured]
+        if send is None:
+            self.sent.update(dict.fromkeys(ids, "off"))
+            return
+        try:
+            sending = send(self.settings, self._capturer().store, ids)
+        except Exception as exc:  # sending must never fail the run
+            self.sent.update(dict.fromkeys(ids, "error"))
+            self.notes.append(f"could not send the events: {type(exc).__name__}: {exc}")
+            return
+        if sending is None:  # no FLAKETRIAGE_NOTIFY_URL
+            self.sent.update(dict.fromkeys(ids, "off"))
+            return
+        self.sent.update({d.bundle_id: d.status for d in sending.deliveries})
+        self.notes += sending.queued_lines()
+        self.errors += sending.error_lines()
+
+    def _write_errors(self) -> None:
+        if not self.errors:
+            return
+        lines = [f"flaketriage: error: {line}" for line in dict.fromkeys(self.errors)]
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line, red=True, bold=True)
+            else:
+                print(line, file=sys.stderr)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> Generator[None]:
@@ -280,7 +311,7 @@ class FlaketriageSession:
             if exc.name in ("flaketriage.ci.notify", "flaketriage.ci"):
                 return None
             raise
-        return getattr(notify, "send_or_queue", None)
+        return getattr(notify, "send_bundles", None)
 
 
 class QuarantineStatus:
@@ -336,11 +367,11 @@ def nodeid_relative_to(invocation_dir: Path, rootdir: Path) -> Callable[[str], s
 
 
 def summary(captured: list[Captured], sent: Mapping[str, str]) -> str:
-    """``flaketriage: captured N failure(s): <ids> (sent: yes/no/queued)``."""
+    """``flaketriage: captured N failure(s): <ids> (sent: yes/no/queued/refused)``."""
     if not captured:
         return "flaketriage: captured 0 failures"
     ids = " ".join(c.bundle_id[:12] for c in captured)
-    words = {"sent": "yes", "queued": "queued", "off": "no", "error": "no"}
+    words = {"sent": "yes", "queued": "queued", "refused": "refused", "off": "no", "error": "no"}
     states = [words.get(sent.get(c.bundle_id, "off"), "no") for c in captured]
     distinct = dict.fromkeys(states)
     how = states[0] if len(distinct) == 1 else ", ".join(f"{states.count(s)} {s}" for s in distinct)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from flaketriage import __version__, interrupts
-from flaketriage.cli import bundles, garbage, notify, run, service, telemetry
+from flaketriage.cli import bundles, doctor, garbage, notify, run, service, telemetry
 from flaketriage.cli.console import err, labelled
 from flaketriage.errors import FlaketriageError
 
@@ -24,6 +24,7 @@ app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_
 app.command()(run.triage)
 app.command()(telemetry.telemetry)
 app.command()(notify.notify)
+app.command()(doctor.doctor)
 app.command()(service.serve)
 app.command()(service.worker)
 app.command()(service.beat)

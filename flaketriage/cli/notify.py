@@ -9,9 +9,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from flaketriage.ci.notify import Delivery, Notifier, event_for_bundle, remember_event, unsent_bundles
-from flaketriage.ci.outbox import FlushResult
-from flaketriage.cli.console import JsonOption, StoreOption, err, settings_for
+from flaketriage.ci.notify import Notifier, Sending, event_for_bundle, record_deliveries, unsent_bundles
+from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, settings_for
 from flaketriage.errors import ConfigError
 from flaketriage.events import StoreLocation
 from flaketriage.store import open_store
@@ -55,12 +54,15 @@ def notify(
     retries: Annotated[int, typer.Option(min=0, help="Retries per event on errors worth retrying.")] = 4,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each request.")] = 5.0,
     strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 1 when an event could not be sent (default: 0).")
+        bool,
+        typer.Option("--strict", help="Exit 1 when an event was queued or refused (default: 0)."),
     ] = False,
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Send signed failure events to the service. What cannot be sent waits in the outbox; exits 0."""
+    """Send signed failure events to the service. What cannot be sent yet waits in the outbox; what
+    the service refuses for good (a wrong URL or secret, a store it does not read) is an error line
+    naming the setting to change. Exits 0 either way, unless --strict."""
     if not (bundles or new or flush):
         raise ConfigError("nothing to send: give BUNDLE ids, --new (every unsent bundle) or --flush")
     settings = settings_for(store)
@@ -84,20 +86,16 @@ def notify(
     events = [event_for_bundle(st, ident, location=where) for ident in ids]
 
     flushed = notifier.flush()
-    deliveries: list[Delivery] = []
-    for event in events:
-        if flushed.unreachable:  # the outbox could not go; neither will these, so skip the retries
-            deliveries.append(notifier.queue(event, next(iter(flushed.errors.values()))))
-        else:
-            deliveries.append(notifier.deliver(event))
-        remember_event(st, event)
-    _report(flushed, deliveries, notifier, as_json)
-    if strict and (flushed.kept or any(d.status == "queued" for d in deliveries)):
+    deliveries = notifier.deliver_all(events, flushed)
+    record_deliveries(st, flushed, events, deliveries)
+    sending = Sending(flushed, deliveries, notifier.outbox.directory)
+    _report(sending, notifier, as_json)
+    if strict and (flushed.kept or sending.refusals or any(d.status != "sent" for d in deliveries)):
         raise typer.Exit(1)
 
 
-def _report(flushed: FlushResult, deliveries: list[Delivery], notifier: Notifier, as_json: bool) -> None:
-    outbox = notifier.outbox.directory
+def _report(sending: Sending, notifier: Notifier, as_json: bool) -> None:
+    flushed, deliveries, outbox = sending.flushed, sending.deliveries, sending.outbox
     if as_json:
         payload = {
             "url": notifier.url,
@@ -110,20 +108,24 @@ def _report(flushed: FlushResult, deliveries: list[Delivery], notifier: Notifier
     if flushed.sent:
         err.print(f"sent {len(flushed.sent)} queued event(s) from {escape(str(outbox))}")
     for event_id, why in flushed.errors.items():
-        err.print(f"[yellow]warning:[/yellow] queued event {event_id[:12]} not sent: {escape(why)}")
+        err.print(labelled("warning:", "yellow", f"queued event {event_id[:12]} not sent: {why}"))
     if flushed.unreachable and len(flushed.kept) > 1:
         err.print(f"{len(flushed.kept)} event(s) stay queued in {escape(str(outbox))}")
-    if not (deliveries or flushed.sent or flushed.kept):
+    if not (deliveries or flushed.sent or flushed.kept or flushed.refused):
         err.print(f"nothing to send: the outbox {escape(str(outbox))} is empty")
     for path in flushed.unreadable:
-        err.print(
-            f"[yellow]warning:[/yellow] {escape(str(path))} is not an event flaketriage reads; delete it"
-        )
+        err.print(labelled("warning:", "yellow", f"{path} is not an event flaketriage reads; delete it"))
     for d in deliveries:
         if d.status == "sent":
             err.print(f"sent bundle {d.bundle_id[:12]} (event {d.event_id[:12]}) to {escape(notifier.url)}")
-        else:
+        elif d.status == "queued":
             err.print(
-                f"[yellow]warning:[/yellow] bundle {d.bundle_id[:12]} not sent: {escape(d.error or '')}; "
-                f"queued in {escape(str(outbox))}, `flaketriage notify --flush` sends it"
+                labelled(
+                    "warning:",
+                    "yellow",
+                    f"bundle {d.bundle_id[:12]} not sent: {d.error or ''}; queued in {outbox}, "
+                    "`flaketriage notify --flush` sends it",
+                )
             )
+    for line in sending.error_lines():  # last, where they are seen
+        err.print(labelled("error:", "red", line))

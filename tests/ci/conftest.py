@@ -39,8 +39,8 @@ class Receiver:
     secret: bytes
     events: list[FailureEvent] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
-    script: list[tuple[int, dict[str, str]]] = field(default_factory=list)
-    """Responses to give, in order, before answering normally."""
+    script: list[tuple[int, dict[str, str]] | tuple[int, dict[str, str], str]] = field(default_factory=list)
+    """Responses to give, in order, before answering normally: status, headers (and body)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def event_ids(self) -> list[str]:

@@ -22,12 +22,14 @@ from flaketriage.ci.notify import (
     _retry_after,
     backoff_delay,
     event_for_bundle,
+    is_retryable,
     merge_provenance,
+    send_bundles,
     send_event,
     send_or_queue,
     unsent_bundles,
 )
-from flaketriage.errors import NotifyError
+from flaketriage.errors import EventRefusedError, NotifyError
 from flaketriage.events import FailureEvent, StoreLocation
 from flaketriage.manifest import Provenance
 
@@ -85,18 +87,65 @@ def test_a_retry_after_longer_than_a_job_should_wait_gives_up(project: Project, 
 
 def test_400_is_not_retried(project: Project, receiver: Receiver, fast_backoff: list[int]) -> None:
     receiver.script = [(400, {})]
-    with pytest.raises(NotifyError, match="HTTP 400") as info:
+    with pytest.raises(EventRefusedError, match="HTTP 400") as info:
         send_event(receiver.url, _event(project), receiver.secret)
     assert info.value.event_rejected
     assert len(receiver.requests) == 1 and fast_backoff == []
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "setting"),
+    [
+        (401, "the signature does not match the body", "FLAKETRIAGE_WEBHOOK_SECRET"),
+        (401, "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "FLAKETRIAGE_WEBHOOK_SECRET"),
+        (401, "the request was signed 900 s ago: the sender's clock is behind", None),
+        (403, "", "FLAKETRIAGE_WEBHOOK_SECRET"),
+        (404, '{"detail":"Not Found"}', "FLAKETRIAGE_NOTIFY_URL"),
+        (405, "", "FLAKETRIAGE_NOTIFY_URL"),
+        (
+            422,
+            '{"detail":"store \'/ci/.flaketriage\' is not one this service reads; allowed: file:///srv '
+            '(FLAKETRIAGE_ALLOWED_STORES)"}',
+            "FLAKETRIAGE_STORE",
+        ),
+        (422, '{"detail":"failure.kind: Input should be \'exit\'"}', None),
+        (413, "", "FLAKETRIAGE_MAX_BODY_KB"),
+        (410, "", "FLAKETRIAGE_NOTIFY_URL"),
+        (418, "", None),
+    ],
+)
+def test_a_refusal_retrying_cannot_fix_names_the_setting_at_once(
+    project: Project, receiver: Receiver, fast_backoff: list[int], status: int, body: str, setting: str | None
+) -> None:
+    receiver.script = [(status, {}, body)]
+    with pytest.raises(EventRefusedError) as info:
+        send_event(receiver.url, _event(project), receiver.secret)
+    assert info.value.status == status and info.value.setting == setting
+    assert len(receiver.requests) == 1 and fast_backoff == []
+    assert "newer service" not in str(info.value)
+    if setting is not None:
+        assert setting in str(info.value)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, 425, 429])
+def test_what_may_pass_later_is_retried(
+    project: Project, receiver: Receiver, fast_backoff: list[int], status: int
+) -> None:
+    assert is_retryable(status)
+    receiver.script = [(status, {}, "")] * 3
+    with pytest.raises(NotifyError) as info:
+        send_event(receiver.url, _event(project), receiver.secret, retries=2)
+    assert not isinstance(info.value, EventRefusedError) and info.value.status == status
+    assert len(receiver.requests) == 3
+
+
 def test_a_wrong_secret_is_refused_and_not_retried(
     project: Project, receiver: Receiver, fast_backoff: list[int]
 ) -> None:
-    with pytest.raises(NotifyError, match=r"HTTP 401.*FLAKETRIAGE_WEBHOOK_SECRET") as info:
+    with pytest.raises(EventRefusedError, match=r"HTTP 401.*FLAKETRIAGE_WEBHOOK_SECRET") as info:
         send_event(receiver.url, _event(project), b"not-the-secret")
     assert info.value.status == 401 and not info.value.event_rejected
+    assert info.value.setting == "FLAKETRIAGE_WEBHOOK_SECRET"
     assert len(receiver.requests) == 1 and receiver.events == []
 
 
@@ -116,9 +165,9 @@ def test_connection_refused_is_retried_then_raised(
 
 
 def test_a_url_that_is_not_http_is_not_retried(project: Project, fast_backoff: list[int]) -> None:
-    with pytest.raises(NotifyError, match="FLAKETRIAGE_NOTIFY_URL"):
+    with pytest.raises(EventRefusedError, match="FLAKETRIAGE_NOTIFY_URL") as info:
         send_event("ftp://example.invalid/v1/events", _event(project), project.secret)
-    assert fast_backoff == []
+    assert fast_backoff == [] and info.value.setting == "FLAKETRIAGE_NOTIFY_URL"
 
 
 def test_backoff_grows_with_jitter_and_is_capped() -> None:
@@ -188,10 +237,42 @@ def test_after_a_failure_automatic_sends_queue_without_waiting(
     assert [e.bundle_id for e in receiver.events] == [first, second]
 
 
-def test_no_secret_queues_without_sending(project: Project, receiver: Receiver) -> None:
+def test_no_secret_is_refused_without_sending_or_queueing(project: Project, receiver: Receiver) -> None:
     settings = project.settings(receiver.url, secret=b"")
-    assert send_or_queue(settings, project.store, project.bundles[0]) == "queued"
-    assert receiver.requests == [] and len(project.outbox.pending()) == 1
+    sending = send_bundles(settings, project.store, project.bundles)
+    assert sending is not None
+    assert [d.status for d in sending.deliveries] == ["refused", "refused"]
+    assert receiver.requests == [] and project.outbox.pending() == []
+    (line,) = sending.error_lines()
+    assert line.startswith("2 event(s) not sent") and "set FLAKETRIAGE_WEBHOOK_SECRET" in line
+
+
+def test_a_store_the_service_does_not_read_is_refused_not_queued_nor_remembered(
+    project: Project, receiver: Receiver
+) -> None:
+    detail = "store '/x' is not one this service reads; allowed: file:///srv (FLAKETRIAGE_ALLOWED_STORES)"
+    receiver.script = [(422, {}, json.dumps({"detail": detail}))] * 2
+    sending = send_bundles(project.settings(receiver.url), project.store, project.bundles)
+    assert sending is not None
+    assert [(d.status, d.setting) for d in sending.deliveries] == [("refused", "FLAKETRIAGE_STORE")] * 2
+    assert len(receiver.requests) == 2  # an event's refusal: the next one is still tried
+    assert project.outbox.pending() == [] and not project.outbox.held()
+    assert unsent_bundles(project.store) == project.bundles  # `notify --new` sends them when fixed
+    (line,) = sending.error_lines()
+    assert "FLAKETRIAGE_STORE" in line and detail in line
+    assert send_or_queue(project.settings(receiver.url), project.store, project.bundles[0]) == "sent"
+
+
+def test_a_wrong_url_refuses_the_rest_without_sending_them(
+    project: Project, receiver: Receiver, fast_backoff: list[int]
+) -> None:
+    receiver.script = [(404, {})]
+    sending = send_bundles(project.settings(receiver.url), project.store, project.bundles)
+    assert sending is not None and len(receiver.requests) == 1
+    assert {d.setting for d in sending.deliveries} == {"FLAKETRIAGE_NOTIFY_URL"}
+    assert project.outbox.pending() == []
+    (line,) = sending.error_lines()
+    assert line.startswith("2 event(s) not sent")
 
 
 # -- the outbox ---------------------------------------------------------------------------------
@@ -217,14 +298,15 @@ def test_outbox_flush_goes_on_past_a_rejected_event_and_stops_when_unreachable(p
 
     def reject_old(event: FailureEvent) -> None:
         if event == old:
-            raise NotifyError("HTTP 422", status=422)
+            raise EventRefusedError("HTTP 422", status=422)
         sent.append(event.event_id)
 
     result = outbox.flush(reject_old)
     assert result.sent == [new.event_id] == sent
-    assert result.kept == [old.event_id] and not result.unreachable
-    assert outbox.pending() == [old]
+    assert [r.event for r in result.refused] == [old] and result.kept == [] and not result.unreachable
+    assert outbox.pending() == []  # refused for good: not kept for ever
 
+    outbox.put(old)
     outbox.put(new)
 
     def down(event: FailureEvent) -> None:
@@ -234,6 +316,23 @@ def test_outbox_flush_goes_on_past_a_rejected_event_and_stops_when_unreachable(p
     assert result.unreachable and result.sent == []
     assert result.kept == [old.event_id, new.event_id] and list(result.errors) == [old.event_id]
     assert outbox.pending() == [old, new]
+
+
+def test_outbox_flush_drops_everything_once_the_setup_is_refused(project: Project) -> None:
+    outbox = project.outbox
+    events = [_event(project, 0), _event(project, 1)]
+    for event in events:
+        outbox.put(event)
+    tried: list[str] = []
+
+    def wrong_secret(event: FailureEvent) -> None:
+        tried.append(event.event_id)
+        raise EventRefusedError("HTTP 401", status=401, setting="FLAKETRIAGE_WEBHOOK_SECRET")
+
+    result = outbox.flush(wrong_secret)
+    assert len(tried) == 1 and {r.event.event_id for r in result.refused} == {e.event_id for e in events}
+    assert {r.setting for r in result.refused} == {"FLAKETRIAGE_WEBHOOK_SECRET"}
+    assert outbox.pending() == [] and result.to_json()["refused"].keys() == {e.event_id for e in events}
 
 
 def test_outbox_leaves_unreadable_files_alone(project: Project) -> None:

@@ -603,18 +603,47 @@ def test_each_captured_bundle_is_handed_to_the_sender(
 
     handed: list[str] = []
 
-    def fake_send(settings: Any, store: Any, bundle_id: str) -> str:
-        handed.append(bundle_id)
-        return "queued"
+    def fake_send(settings: Any, store: Any, bundle_ids: list[str]) -> notify.Sending:
+        handed.extend(bundle_ids)
+        deliveries = [notify.Delivery(b, "e" * 32, "queued", "the service is down") for b in bundle_ids]
+        return notify.Sending(notify.FlushResult(), deliveries, store_dir / "outbox")
 
-    monkeypatch.setattr(notify, "send_or_queue", fake_send)
+    monkeypatch.setattr(notify, "send_bundles", fake_send)
     pytester.makepyfile(test_two=TWO_FAILING)
     result = pytester.runpytest_inprocess(
         "--flaketriage", f"--flaketriage-store={store_dir}", "-p", "no:cacheprovider"
     )
     ids = sorted(m.bundle_id for m in captured(store_dir))
     assert sorted(handed) == ids and len(ids) == 2
-    result.stdout.fnmatch_lines(["flaketriage: captured 2 failure(s): * * (sent: queued)"])
+    result.stdout.fnmatch_lines(
+        [
+            "flaketriage: warning: 2 event(s) queued in * (the service is down); the next run*",
+            "flaketriage: captured 2 failure(s): * * (sent: queued)",
+        ]
+    )
+
+
+def test_a_refusal_is_the_last_line_even_without_the_terminal_summary(
+    pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flaketriage.ci.notify as notify
+
+    def refuse(settings: Any, store: Any, bundle_ids: list[str]) -> notify.Sending:
+        why = "HTTP 401; set FLAKETRIAGE_WEBHOOK_SECRET to the secret the service has"
+        deliveries = [
+            notify.Delivery(b, "e" * 32, "refused", why, "FLAKETRIAGE_WEBHOOK_SECRET") for b in bundle_ids
+        ]
+        return notify.Sending(notify.FlushResult(), deliveries, store_dir / "outbox")
+
+    monkeypatch.setattr(notify, "send_bundles", refuse)
+    pytester.makepyfile(test_two=TWO_FAILING)
+    result = pytester.runpytest_inprocess(
+        "--flaketriage", f"--flaketriage-store={store_dir}", "-p", "no:cacheprovider", "-q", "--no-summary"
+    )
+    lines = [line for line in result.stdout.lines if line.strip()]
+    assert lines[-1].startswith("flaketriage: error: 2 event(s) not sent"), lines
+    assert "FLAKETRIAGE_WEBHOOK_SECRET" in lines[-1]
+    assert sum("flaketriage: error:" in line for line in lines) == 1
 
 
 def test_summary_line_says_how_the_bundles_went() -> None:
@@ -623,3 +652,4 @@ def test_summary_line_says_how_the_bundles_went() -> None:
     assert summary(got, {"a" * 64: "sent", "b" * 64: "sent"}).endswith("(sent: yes)")
     assert summary(got, {}) == f"flaketriage: captured 2 failure(s): {'a' * 12} {'b' * 12} (sent: no)"
     assert summary(got, {"a" * 64: "sent", "b" * 64: "queued"}).endswith("(sent: 1 yes, 1 queued)")
+    assert summary(got, {"a" * 64: "refused", "b" * 64: "refused"}).endswith("(sent: refused)")
