@@ -73,6 +73,19 @@ class FailureInfo:
     fingerprint: str
     exit_code: int | None = None
     signal: str | None = None
+    earlier_signatures: tuple[str, ...] = ()
+    """This failure's signature as earlier releases wrote it, where that differs: a bundle captured
+    by one of them still matches its replays (`as_of`)."""
+
+    def as_of(self, fingerprint: str) -> FailureInfo | None:
+        """This failure under the signature whose hash is `fingerprint` (a bundle's): itself, or
+        itself with an earlier signature the bundle was captured with; None when neither matches."""
+        if fingerprint == self.fingerprint:
+            return self
+        for signature in self.earlier_signatures:
+            if hashlib.sha256(signature.encode("utf-8")).hexdigest() == fingerprint:
+                return dataclasses.replace(self, signature=signature, fingerprint=fingerprint)
+        return None
 
     def to_failure(self, duration_s: float = 0.0) -> Failure:
         """The manifest's record of this failure."""
@@ -273,17 +286,24 @@ def pytest_failure_info(tests: Sequence[PytestFailure], exit_code: int = 1) -> F
 
 
 def _pytest_info(tests: list[PytestFailure], exit_code: int) -> FailureInfo:
-    entries = sorted({_pytest_entry(t) for t in tests})
+    signature = _pytest_signature(tests)
+    # Before the type pytest leaves out was read (a bare assert's AssertionError), it was empty.
+    earlier = _pytest_signature([t.untyped() for t in tests])
     first = min(tests, key=lambda t: t.nodeid)
     return _info(
         "test",
-        "pytest|" + " ; ".join(entries),
+        signature,
+        earlier_signatures=(earlier,) if earlier != signature else (),
         exception_type=first.exception_type,
         message=first.message[:_MAX_RAW_MESSAGE],
         test_id=first.nodeid,
         detail="\n".join(f"{t.outcome.upper()} {t.nodeid}" for t in tests),
         exit_code=exit_code,
     )
+
+
+def _pytest_signature(tests: Sequence[PytestFailure]) -> str:
+    return "pytest|" + " ; ".join(sorted({_pytest_entry(t) for t in tests}))
 
 
 def _pytest_entry(test: PytestFailure) -> str:

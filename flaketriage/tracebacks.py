@@ -133,18 +133,38 @@ class PytestFailure:
     outcome: Literal["failed", "error"]
     exception_type: str | None
     message: str
+    printed_type: bool = True
+    """Whether the line printed the type before a colon. pytest prints a rewritten bare ``assert``
+    as its text alone (``assert 16.99 == 17.0``, an AssertionError) and an exception without a
+    message as its name alone (``KeyError``). Earlier releases read both as untyped; `untyped` gives
+    that reading back, for the signature of a bundle captured then."""
+
+    def untyped(self) -> PytestFailure:
+        """This failure as a parser that read only ``Type: message`` saw it: the line's text whole,
+        no type. Itself when the line printed its type."""
+        if self.printed_type:
+            return self
+        reason = self.message if self.message else self.exception_type or ""
+        return PytestFailure(self.nodeid, self.outcome, None, reason)
 
 
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+[ \t\r]*$", re.MULTILINE)
 _SUMMARY_LINE = re.compile(r"^(?P<outcome>FAILED|ERROR) (?P<rest>\S.*?)[ \t]*$")
 _IDENTIFIER_PREFIX = re.compile(r"^(?P<type>[A-Za-z_][\w.]*):[ \t]*(?P<msg>.*)$", re.DOTALL)
+# An exception raised without a message is printed as its (qualified) class name alone.
+_CLASS_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")
+# pytest writes a rewritten assertion's AssertionError without its "AssertionError: " prefix
+# (`ExceptionInfo._striptext`): the message starts with the assert statement.
+_REWRITTEN_ASSERT = re.compile(r"^assert\b")
 
 
 def parse_pytest_failures(text: str) -> list[PytestFailure]:
     """The ``FAILED``/``ERROR`` lines of pytest's short test summary (``-rfE``, pytest's default).
 
     Only lines after the last ``short test summary info`` header count when there is one; without
-    it, a line counts when its node id looks like one (has ``::`` or a file suffix).
+    it, a line counts when its node id looks like one (has ``::`` or a file suffix). The type is
+    the one the line names (``ValueError: bad``), else the one pytest leaves out: AssertionError for
+    a rewritten assertion's ``assert ...``, the class for a bare ``KeyError`` or ``pkg.MyError``.
     """
     text = strip_ansi(text)
     headers = list(_SUMMARY_HEADER.finditer(text))
@@ -159,12 +179,19 @@ def parse_pytest_failures(text: str) -> list[PytestFailure]:
         if not ("::" in nodeid or re.search(r"\.\w+$", nodeid)):
             continue
         outcome: Literal["failed", "error"] = "failed" if match.group("outcome") == "FAILED" else "error"
-        typed = _IDENTIFIER_PREFIX.match(reason)
-        if typed:
-            failures.append(PytestFailure(nodeid, outcome, typed.group("type"), typed.group("msg")))
-        else:
-            failures.append(PytestFailure(nodeid, outcome, None, reason))
+        failures.append(_summary_failure(nodeid, outcome, reason))
     return failures
+
+
+def _summary_failure(nodeid: str, outcome: Literal["failed", "error"], reason: str) -> PytestFailure:
+    typed = _IDENTIFIER_PREFIX.match(reason)
+    if typed:
+        return PytestFailure(nodeid, outcome, typed.group("type"), typed.group("msg"))
+    if _REWRITTEN_ASSERT.match(reason):
+        return PytestFailure(nodeid, outcome, "AssertionError", reason, printed_type=False)
+    if _CLASS_NAME.match(reason):
+        return PytestFailure(nodeid, outcome, reason, "", printed_type=False)
+    return PytestFailure(nodeid, outcome, None, reason)
 
 
 def _split_summary(rest: str) -> tuple[str, str]:

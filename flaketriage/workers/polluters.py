@@ -138,7 +138,7 @@ def fails_in(process: ProcessResult, nodeid: str, fingerprint: str) -> bool:
     """Whether ``nodeid`` failed in this pytest run the way the captured failure did."""
     tests = parse_pytest_failures(process.stdout) or parse_pytest_failures(process.stderr)
     own = [t for t in tests if t.nodeid == nodeid]
-    return bool(own) and pytest_failure_info(own, process.exit_code).fingerprint == fingerprint
+    return bool(own) and pytest_failure_info(own, process.exit_code).as_of(fingerprint) is not None
 
 
 def passes_in(process: ProcessResult, nodeid: str) -> bool:

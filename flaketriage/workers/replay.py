@@ -433,6 +433,9 @@ class Replayer:
 
         original = self.manifest.failure.fingerprint
         info = fingerprint(result.unwrapped_exit_code)
+        if info is not None:
+            # A bundle captured before its kind of signature changed names the earlier one.
+            info = info.as_of(original) or info
         if info is not None and info.kind == "timeout" and self.manifest.failure.signature == "timeout":
             # A hang captured without its stacks (no dump could be taken, or an older capture) is
             # matched as a plain timeout; the stacks stay the evidence.
@@ -442,8 +445,9 @@ class Replayer:
             # A wrapper's 128 + N is read as signal N, but the program may have exited with that
             # status itself (and the capture, with no wrapper, saw it so): that reading counts too.
             literal = fingerprint(result.exit_code)
-            if literal is not None and literal.fingerprint == original:
-                info = literal
+            matched = literal.as_of(original) if literal is not None else None
+            if matched is not None:
+                info = matched
         captured_hang = self.manifest.failure.kind == "timeout"
         outcome = outcome_of(info, original, result.limit, captured_hang=captured_hang)
         return ReplayResult(outcome=outcome, failure=info, process=result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -222,6 +223,51 @@ def test_pytest_summary_lines() -> None:
         ("tests/test_bad.py", "error", "ModuleNotFoundError", "No module named 'foo'"),
         ("tests/test_x.py::test_w", "error", "RuntimeError", "fixture broke"),
     ]
+
+
+def test_the_types_pytest_leaves_out_of_a_summary_line_are_read() -> None:
+    # What pytest itself prints: a rewritten bare assert without "AssertionError: ", an exception
+    # raised without a message as its class name alone.
+    text = (
+        "=========================== short test summary info ============================\n"
+        "FAILED t.py::test_total - assert 16.99 == 17.0\n"
+        "FAILED t.py::test_plain - AssertionError\n"
+        "FAILED t.py::test_key - KeyError\n"
+        "FAILED t.py::test_mine - t.MyErr\n"
+        "FAILED t.py::test_fail - Failed: assert nothing\n"
+        "FAILED t.py::test_text - [XPASS(strict)] should fail\n"
+        "FAILED t.py::test_word - fixture broke\n"
+    )
+    assert [(f.exception_type, f.message, f.printed_type) for f in parse_pytest_failures(text)] == [
+        ("AssertionError", "assert 16.99 == 17.0", False),
+        ("AssertionError", "", False),
+        ("KeyError", "", False),
+        ("t.MyErr", "", False),
+        ("Failed", "assert nothing", True),
+        (None, "[XPASS(strict)] should fail", True),
+        (None, "fixture broke", True),
+    ]
+
+
+def test_a_bare_asserts_signature_names_assertion_error_and_still_matches_earlier_bundles() -> None:
+    header = PYTEST_OUTPUT.splitlines()[1]
+    info = fingerprint_failure(
+        exit_code=1, stdout=f"{header}\nFAILED t.py::test_total - assert 16.99 == 17.0\n", stderr=""
+    )
+    assert info is not None
+    assert (info.exception_type, info.message) == ("AssertionError", "assert 16.99 == 17.0")
+    assert info.signature.startswith("pytest|t.py::test_total|AssertionError|assert ")
+    # The signature a release that read no type wrote for the same line: its bundles still match.
+    (earlier,) = info.earlier_signatures
+    assert earlier == info.signature.replace("|AssertionError|", "||")
+    old = hashlib.sha256(earlier.encode()).hexdigest()
+    matched = info.as_of(old)
+    assert matched is not None and (matched.fingerprint, matched.signature) == (old, earlier)
+    assert info.as_of(info.fingerprint) is info
+    assert info.as_of("0" * 64) is None
+    # A line that printed its type has one signature only.
+    typed = fingerprint_failure(exit_code=1, stdout=f"{header}\nFAILED t.py::t - ValueError: x\n", stderr="")
+    assert typed is not None and typed.earlier_signatures == ()
 
 
 def _summary_fingerprint(line: str) -> str:

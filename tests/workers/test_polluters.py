@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -122,6 +123,12 @@ def test_the_victims_own_summary_line_decides() -> None:
     assert not fails_in(_process(other), VICTIM, FINGERPRINT)
     assert not fails_in(_process(f"FAILED {VICTIM} - KeyError: 'x'"), VICTIM, FINGERPRINT)
     assert not fails_in(_process(exit_code=0), VICTIM, FINGERPRINT)
+
+
+def test_a_bare_assert_victim_captured_before_its_type_was_read_still_fails_the_same_way() -> None:
+    line = f"FAILED {VICTIM} - assert 16.99 == 17.0"
+    earlier = f"pytest|{VICTIM}||assert <n> == <n>"
+    assert fails_in(_process(line), VICTIM, hashlib.sha256(earlier.encode()).hexdigest())
 
 
 # -- the target and the command --------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,41 @@ def test_the_replay_timeout_setting_applies_when_the_capture_recorded_none(tmp_p
         assert replayer.timeout_s == manifest.command.timeout_s
     with Replayer(store, unlimited, ProcessSandbox(), context=context, timeout_s=2.0) as replayer:
         assert replayer.timeout_s == 2.0
+
+
+def test_a_bundle_captured_before_a_bare_asserts_type_was_read_still_reproduces(tmp_path: Path) -> None:
+    # Earlier releases read pytest's "FAILED t - assert 1 == 2" as untyped: their bundles carry
+    # that signature, and a replay read the new way (AssertionError) must still match it.
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "test_total.py").write_text("def test_total():\n    assert 16.99 == 17.0\n")
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "test_total.py",
+    ]
+    store, manifest = _capture(root, argv)
+    failure = manifest.failure
+    assert failure.exception_type == "AssertionError" and "|AssertionError|" in failure.signature
+    earlier = failure.signature.replace("|AssertionError|", "||")
+    old = manifest.model_copy(
+        update={
+            "failure": failure.model_copy(
+                update={
+                    "exception_type": None,
+                    "signature": earlier,
+                    "fingerprint": hashlib.sha256(earlier.encode()).hexdigest(),
+                }
+            )
+        }
+    )
+    with Replayer(store, old, ProcessSandbox(), context=ReplayContext.from_process()) as replayer:
+        result = replayer.run()
+    assert result.outcome is Outcome.REPRODUCED, result.failure
+    assert result.failure is not None and result.failure.fingerprint == old.failure.fingerprint
