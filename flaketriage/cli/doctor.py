@@ -238,7 +238,19 @@ def _ping(settings: Settings, url: str, timeout_s: float) -> _PingAnswer:
             Check("secret", "problem", f"the ping was answered HTTP {code}: {_detail(response)}"),
             Check("allowed stores", "off", "needs a ping answer"),
         )
-    pong = response.json()
+    try:
+        pong = response.json()
+    except ValueError:
+        pong = None
+    if not isinstance(pong, dict) or pong.get("status") != "ok":
+        return _PingAnswer.down(
+            Check(
+                "service",
+                "problem",
+                f"{url} is not a flaketriage service: its ping answer is not one",
+                setting,
+            )
+        )
     service = Check("service", "ok", f"{url} answers (flaketriage {pong.get('version', '?')})")
     return _PingAnswer(
         service, Check("secret", "ok", "signed requests are accepted"), _stores(pong, location)

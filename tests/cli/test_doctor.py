@@ -114,3 +114,29 @@ def test_without_a_service_the_checks_are_off_not_problems(cli: Run, tmp_path: P
     proc = cli("doctor", env={})
     assert proc.returncode == 0, proc.stdout
     assert "FLAKETRIAGE_NOTIFY_URL is not set" in proc.stdout
+
+
+def test_something_else_answering_200_is_not_taken_for_the_service(cli: Run, service: LiveService) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Portal(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>sign in</html>")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/events"
+        code, checks = _doctor(cli, _env(service, FLAKETRIAGE_NOTIFY_URL=url))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and checks["service"]["status"] == "problem"
+    assert "not a flaketriage service" in str(checks["service"]["detail"])
