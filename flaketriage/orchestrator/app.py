@@ -14,10 +14,10 @@ import hmac
 import json
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import anyio.from_thread
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -46,11 +46,10 @@ from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from flaketriage.workers.verdict import Verdict
 
 MAX_ID = 2**31 - 1
 """The largest id an integer column holds (PostgreSQL ``integer``)."""
-VERDICT_PATTERN = r"^[a-z_]{1,32}$"
-"""What a verdict looks like (``flaky``, ``not_reproduced``, ...)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text}
@@ -259,10 +258,11 @@ def create_app(service: Service) -> FastAPI:
     )
     def list_cases(
         status: CaseStatus | None = None,
-        verdict: Annotated[str | None, Query(pattern=VERDICT_PATTERN)] = None,
+        verdict: Verdict | None = None,
         limit: int = 100,
     ) -> list[CaseSummary]:
-        """Cases, newest first; filter by ``status`` and ``verdict``."""
+        """Cases, newest first; filter by ``status`` and ``verdict`` (a value that is not one of
+        theirs is a 422 naming those there are, never an empty list)."""
         return CaseQuery(service.database).list(
             status=status, verdict=verdict, limit=max(1, min(limit, 1000))
         )
@@ -301,14 +301,24 @@ def create_app(service: Service) -> FastAPI:
         "/v1/quarantine",
         dependencies=[Depends(authorized)],
         responses={
-            200: {"model": QuarantineDocument, "description": "the quarantine document"},
+            200: {"model": QuarantineDocument, "description": "the quarantine document, with its ETag"},
+            304: {"description": "the list is the one `If-None-Match` names: the client's copy is current"},
             401: _ERRORS[401],
             503: _ERRORS[503],
         },
     )
-    def get_quarantine() -> Response:
-        """The quarantine document (the same JSON the CI side reads from a file)."""
-        return Response(quarantine_document(service.database).to_json(), media_type="application/json")
+    def get_quarantine(if_none_match: str | None = Header(default=None)) -> Response:
+        """The quarantine document (the same JSON the CI side reads from a file).
+
+        Every answer carries the document's ETag; a request whose ``If-None-Match`` names it is
+        answered ``304 Not Modified`` without the body: the pytest plugin asks so in every session.
+        """
+        document = quarantine_document(service.database).to_json()
+        etag = quarantine_etag(document)
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Response(status_code=304, headers=headers)
+        return Response(document, media_type="application/json", headers=headers)
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
@@ -434,6 +444,20 @@ def _record(
     sightings = parsed.sightings if parsed.handled else []
     result = anyio.from_thread.run(service.intake_queue.record, source, delivery, kind, sightings)
     return answer(source, result, parsed.notes)
+
+
+def quarantine_etag(document: bytes) -> str:
+    """The strong ETag of a quarantine document's bytes: a hash, so every service process (and a
+    restarted one) gives the same list the same tag."""
+    return '"' + hashlib.sha256(document).hexdigest()[:32] + '"'
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names `etag`: ``*``, or a list of tags compared weakly
+    (``W/"x"`` matches ``"x"``), as RFC 9110 section 13.1.2 says. Anything else is no match."""
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(","))
 
 
 def _validation_text(errors: Any) -> str:

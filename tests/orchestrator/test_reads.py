@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from flaketriage.dispatch import MemorySender
 from flaketriage.orchestrator.api_models import CaseDetail, CaseSummary
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEvidence, refreshed_entry
-from flaketriage.records import Database, QuarantineRow
+from flaketriage.records import CaseStatus, Database, QuarantineRow
+from flaketriage.workers.verdict import Verdict
 
 if TYPE_CHECKING:
     from conftest import Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
@@ -80,8 +81,24 @@ def test_cases_are_filtered(
 
 @pytest.mark.parametrize(
     "query",
-    [{"status": "nonsense"}, {"status": "open\x00"}, {"verdict": "flaky\x00"}, {"limit": "many"}],
-    ids=["unknown-status", "nul-status", "nul-verdict", "limit-not-a-number"],
+    [
+        {"status": "nonsense"},
+        {"status": "open\x00"},
+        {"verdict": "flaky\x00"},
+        {"verdict": "bogus"},
+        {"verdict": "FLAKY"},
+        {"verdict": ""},
+        {"limit": "many"},
+    ],
+    ids=[
+        "unknown-status",
+        "nul-status",
+        "nul-verdict",
+        "unknown-verdict",
+        "verdict-in-capitals",
+        "empty-verdict",
+        "limit-not-a-number",
+    ],
 )
 def test_a_bad_filter_is_a_422(
     receiver: Receiver, three_cases: dict[str, int], query: dict[str, Any]
@@ -90,6 +107,19 @@ def test_a_bad_filter_is_a_422(
 
     assert response.status_code == 422, response.text
     assert next(iter(query)) in response.json()["detail"]
+
+
+@pytest.mark.parametrize("name", ["status", "verdict"])
+def test_an_unknown_filter_value_is_refused_naming_the_values_there_are(
+    receiver: Receiver, name: str
+) -> None:
+    response = receiver.client.get("/v1/cases", params={name: "bogus"})
+
+    assert response.status_code == 422, response.text
+    values = {"status": list(CaseStatus), "verdict": list(Verdict)}[name]
+    assert all(f"'{value}'" in response.json()["detail"] for value in values)
+    for value in values:
+        assert receiver.client.get("/v1/cases", params={name: str(value)}).status_code == 200
 
 
 def test_one_case_in_full(receiver: Receiver, captured: Captured, three_cases: dict[str, int]) -> None:
