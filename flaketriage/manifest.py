@@ -25,7 +25,7 @@ from flaketriage.errors import BundleError
 from flaketriage.os_strings import OsStr
 
 SCHEMA_VERSION = 3
-ADDED_IN_SCHEMA_3: tuple[tuple[str, str], ...] = (("pytest", "following"),)
+ADDED_IN_SCHEMA_3: tuple[tuple[str, str], ...] = (("pytest", "following"), ("seeds", "drawn"))
 """Fields added while the schema stayed at 3: the stored form leaves each out while it is empty, so
 a manifest written before it existed re-encodes to its own id."""
 MAX_NESTING = 64
@@ -183,6 +183,9 @@ class Seeds(_Model):
     """Seeds passed through environment variables named with ``--seed-env``."""
     values: dict[str, int | str] = Field(default_factory=dict)
     """Seeds reported by the program itself (pytest-randomly, guards: python, numpy, torch, cuda)."""
+    drawn: tuple[str, ...] = ()
+    """The names in `values` the session drew at random (pytest-randomly's seed when no one set it):
+    each CI run draws another, so a failure under one of them may pass under the next."""
 
 
 class MetricBound(_Model):

@@ -244,6 +244,7 @@ def record_failure(
     snapshot: bool = False,
     data: Sequence[DataInput] = (),
     seed_values: Mapping[str, int | str] | None = None,
+    seeds_drawn: Sequence[str] = (),
     stdout: str = "",
     stderr: str = "",
     attachments: Mapping[str, bytes] | None = None,
@@ -279,7 +280,11 @@ def record_failure(
             limits=limits or SourceLimits.from_settings(load_settings()),
             env=env,
             # This process's hash seed is only known when it was set before it started.
-            seeds=Seeds(python_hash_seed=env.get(HASH_SEED_VAR), values=dict(seed_values or {})),
+            seeds=Seeds(
+                python_hash_seed=env.get(HASH_SEED_VAR),
+                values=dict(seed_values or {}),
+                drawn=tuple(seeds_drawn),
+            ),
             criteria=FailureCriteria(),
             info=info,
             exit_code=info.exit_code,

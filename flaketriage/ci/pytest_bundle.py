@@ -65,6 +65,8 @@ class SessionFacts:
     """When the session started: files modified since are outputs of the tests, not source."""
     randomly_seed: int | None = None
     """pytest-randomly's seed when that plugin shuffled the session."""
+    randomly_seed_pinned: bool = False
+    """Whether the session's own options set that seed (else pytest-randomly drew it)."""
     plugins: tuple[str, ...] = ()
     """Plugins the command line loaded by name (``-p NAME``): with autoloading off
     (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``) the rerun loads them the same way."""
@@ -240,8 +242,10 @@ class SessionCapture:
         stdout, stderr = _logs(failure, summary_lines(failure, env, self.facts))
         duration = sum(r.duration for r in failure.reports)
         seeds: dict[str, int | str] = {}
+        drawn: tuple[str, ...] = ()
         if self.facts.randomly_seed is not None:
             seeds["pytest-randomly"] = self.facts.randomly_seed
+            drawn = () if self.facts.randomly_seed_pinned else ("pytest-randomly",)
         context = PytestContext(
             node_id=failure.nodeid,
             preceding=tuple(failure.preceding),
@@ -259,6 +263,7 @@ class SessionCapture:
             kind="test",
             limits=SourceLimits.from_settings(self.settings),
             seed_values=seeds,
+            seeds_drawn=drawn,
             stdout=stdout,
             stderr=stderr,
             annotations=failure.annotations,

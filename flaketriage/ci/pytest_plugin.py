@@ -14,6 +14,7 @@ pays one list append per test.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -145,6 +146,7 @@ class FlaketriageSession:
                 force_short_summary=bool(config.getoption("force_short_summary", False)),
                 started_ns=self.started_ns,
                 randomly_seed=seed if isinstance(seed, int) else None,
+                randomly_seed_pinned=seed_pinned(_all_args(config)),
                 plugins=named_plugins(config.invocation_params.args),
                 repeat=_repeat(config),
                 xdist=config.pluginmanager.hasplugin("xdist"),
@@ -341,6 +343,28 @@ def named_plugins(args: Sequence[str]) -> tuple[str, ...]:
         if name and not name.startswith("no:"):
             names.append(name)
     return tuple(dict.fromkeys(names))
+
+
+def seed_pinned(args: Sequence[str]) -> bool:
+    """Whether options set pytest-randomly's seed to a number (``--randomly-seed=N`` or
+    ``--randomly-seed N``); ``last`` and ``default`` leave it drawn."""
+    for i, arg in enumerate(args):
+        value = None
+        if arg.startswith("--randomly-seed="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--randomly-seed" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None and value.strip().isdigit():
+            return True
+    return False
+
+
+def _all_args(config: pytest.Config) -> list[str]:
+    """The session's options from the ini's addopts, PYTEST_ADDOPTS and the command line."""
+    addopts = config.getini("addopts")
+    args = list(addopts) if isinstance(addopts, list) else shlex.split(str(addopts or ""))
+    args += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+    return args + [str(a) for a in config.invocation_params.args]
 
 
 def _repeat(config: pytest.Config) -> tuple[int, str] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
-from flaketriage.workers.replay import ReplayContext, Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
 from flaketriage.workers.report.render import render_issue
 from flaketriage.workers.sandbox import Sandbox
@@ -199,6 +200,9 @@ class SequentialReplays:
     def findings(self) -> list[Finding]:
         return list(self._findings.values())
 
+    def note_finding(self, finding: Finding) -> None:
+        self._findings[finding.fingerprint] = finding
+
     def run(self, until: int | None = None) -> None:
         """Replay until the test is done (or, given `until`, until that many replays in all)."""
         limit = self.policy.max_replays if until is None else min(until, self.policy.max_replays)
@@ -295,6 +299,56 @@ def decide_setters(
     )
 
 
+def drawn_seed_argv(manifest: Manifest) -> Callable[[], list[str]] | None:
+    """The captured command with a freshly drawn seed each call, for a seed the session drew at
+    random (pytest-randomly's, when no one set it); None when the bundle has no such seed."""
+    if "pytest-randomly" not in manifest.seeds.drawn:
+        return None
+    flag = f"--randomly-seed={manifest.seeds.values.get('pytest-randomly')}"
+    argv = list(manifest.command.argv)
+    if flag not in argv:
+        return None
+    at = argv.index(flag)
+    return lambda: [*argv[:at], f"--randomly-seed={secrets.randbelow(2**32)}", *argv[at + 1 :]]
+
+
+def decide_seeds(
+    replays: SequentialReplays, manifest: Manifest, progress: ProgressFn | None = None
+) -> tuple[VerdictResult, Finding] | None:
+    """For a failure that reproduced on every replay under the seed its session drew: does it also
+    fail under the seeds other CI runs draw? The sequential test is asked again, each replay under
+    a fresh seed; a failure that passes under some is flaky at the rate measured across seeds
+    (what CI sees), with a finding naming the seed that fails every time. None when not asked or
+    when it fails under every seed."""
+    verdict = replays.test.result()
+    fresh = drawn_seed_argv(manifest)
+    if fresh is None or verdict.verdict is not Verdict.DETERMINISTIC or verdict.passes:
+        return None
+    test = SequentialTest(replays.policy)
+    meter = replays._meter()
+    with meter.during("verdict") if meter is not None else contextlib.nullcontext():
+        while not test.done and test.replays < replays.policy.max_replays:
+            if meter is not None and meter.exhausted():
+                break
+            if progress:
+                progress("replaying under fresh seeds", test.replays, replays.policy.max_replays)
+            test.add(replays.replayer.run(Variant(argv=fresh())).outcome)
+    across = test.result()
+    if not across.passes:
+        return None
+    seed = manifest.seeds.values.get("pytest-randomly")
+    finding = Finding(
+        fingerprint="seed:pytest-randomly",
+        kind="seed",
+        summary=(
+            f"fails on every replay under its session's --randomly-seed={seed}; under fresh seeds it "
+            f"failed {across.reproductions} of {across.replays} (each CI run draws another seed)"
+        ),
+        count=across.passes,
+    )
+    return dataclasses.replace(across, verdict=Verdict.FLAKY, decided=True), finding
+
+
 def should_minimize(manifest: Manifest, verdict: VerdictResult) -> bool:
     reducible = any(d.reducible and d.items > 1 for d in manifest.data)
     if verdict.verdict is Verdict.DETERMINISTIC:
@@ -362,6 +416,11 @@ def triage(
                     search = setters
                     if setters.found:
                         verdict = dataclasses.replace(verdict, verdict=Verdict.ORDER_DEPENDENT)
+                if verdict.verdict is Verdict.DETERMINISTIC:
+                    seeded = decide_seeds(replays, manifest, progress)
+                    if seeded is not None:
+                        verdict, finding = seeded
+                        replays.note_finding(finding)
         except BudgetSpentError:
             # Stopped inside an order search: a search cut short names nothing, and the verdict it
             # was asked to refine is not the triage's answer, so it is undecided with the counts so far.

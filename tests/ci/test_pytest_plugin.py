@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from flaketriage.bundle import list_bundles, load_manifest, write_bundle
-from flaketriage.ci.pytest_plugin import Captured, summary
+from flaketriage.ci.pytest_plugin import Captured, seed_pinned, summary
 from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
 from flaketriage.workers.polluters import OrderTarget, fails_in
@@ -219,9 +219,49 @@ def pytest_addoption(parser):
     assert run(pytester, store_dir, "-p", "randomly", "--randomly-seed=4321").ret == 1
     (manifest,) = captured(store_dir)
     assert manifest.seeds.values == {"pytest-randomly": 4321}
+    assert manifest.seeds.drawn == ()  # set on the command line: every CI run uses it
     argv = manifest.command.argv
     assert "--randomly-seed=4321" in argv and "--randomly-dont-reorganize" in argv
     assert "no:randomly" not in argv
+
+
+def test_a_pytest_randomly_seed_the_session_drew_is_recorded_as_drawn(
+    pytester: pytest.Pytester, store_dir: Path
+) -> None:
+    # As pytest-randomly does: with no seed given, it draws one at configure time.
+    pytester.makepyfile(
+        randomly="""
+def pytest_addoption(parser):
+    parser.addoption("--randomly-seed", dest="randomly_seed", default="default")
+    parser.addoption("--randomly-dont-reorganize", action="store_false", dest="randomly_reorganize")
+
+def pytest_configure(config):
+    if config.option.randomly_seed in ("default", "last"):
+        config.option.randomly_seed = 2468
+    else:
+        config.option.randomly_seed = int(config.option.randomly_seed)
+""",
+        test_one=FAILING,
+    )
+    assert run(pytester, store_dir, "-p", "randomly").ret == 1
+    (manifest,) = captured(store_dir)
+    assert manifest.seeds.values == {"pytest-randomly": 2468} and manifest.seeds.drawn == ("pytest-randomly",)
+    assert "--randomly-seed=2468" in manifest.command.argv  # the replay reproduces under it
+
+
+@pytest.mark.parametrize(
+    ("args", "pinned"),
+    [
+        (["--randomly-seed=12"], True),
+        (["-x", "--randomly-seed", "12"], True),
+        (["--randomly-seed=last"], False),
+        (["--randomly-seed", "default"], False),
+        (["--randomly-seed"], False),
+        ([], False),
+    ],
+)
+def test_a_seed_is_pinned_only_by_a_number_in_the_options(args: list[str], pinned: bool) -> None:
+    assert seed_pinned(args) is pinned
 
 
 # -- captured fingerprints are the ones replays compute ---------------------------------------------

@@ -26,8 +26,8 @@ from flaketriage.workers.polluters import (
     search_polluters,
 )
 from flaketriage.workers.replay import Replayer, ReplayResult, Variant
-from flaketriage.workers.triage import SequentialReplays, decide_order, decide_setters
-from flaketriage.workers.verdict import Outcome, VerdictPolicy
+from flaketriage.workers.triage import SequentialReplays, decide_order, decide_seeds, decide_setters
+from flaketriage.workers.verdict import Outcome, Verdict, VerdictPolicy
 
 VICTIM = "tests/test_z.py::test_victim"
 HEADER = "=========================== short test summary info ============================"
@@ -366,3 +366,67 @@ def test_the_polluters_are_1_minimal_when_a_later_test_undoes_the_pollution() ->
 
     found, _ = find_polluters(tests, fails)
     assert found == ["t.py::test_0"]
+
+
+# -- a seed the session drew ---------------------------------------------------------------------
+class SeededFakeReplayer:
+    """The victim fails under `failing_seeds` (and the captured seed), passes under any other."""
+
+    def __init__(self, manifest: Manifest, fails: Callable[[int], bool]) -> None:
+        self.manifest = manifest
+        self.fails = fails
+        self.seeds: list[int] = []
+
+    def run(self, variant: Variant | None = None) -> ReplayResult:
+        argv = list(variant.argv) if variant and variant.argv else list(self.manifest.command.argv)
+        seed = int(next(a for a in argv if a.startswith("--randomly-seed=")).split("=", 1)[1])
+        self.seeds.append(seed)
+        failed = self.fails(seed)
+        process = _process(VICTIM_LINE) if failed else _process(exit_code=0)
+        return ReplayResult(
+            outcome=Outcome.REPRODUCED if failed else Outcome.PASSED, failure=None, process=process
+        )
+
+
+def _seeded(make_manifest: Callable[..., Manifest], *, drawn: bool) -> Manifest:
+    from flaketriage.manifest import Seeds
+
+    manifest = _manifest(make_manifest, [])
+    argv = ("python", "-m", "pytest", "-p", "randomly", "--randomly-seed=1234", "--", VICTIM)
+    return manifest.model_copy(
+        update={
+            "command": manifest.command.model_copy(update={"argv": argv}),
+            "seeds": Seeds(values={"pytest-randomly": 1234}, drawn=("pytest-randomly",) if drawn else ()),
+        }
+    )
+
+
+def test_a_failure_under_the_seed_its_session_drew_is_flaky_when_other_seeds_pass(
+    make_manifest: Callable[..., Manifest],
+) -> None:
+    manifest = _seeded(make_manifest, drawn=True)
+    fake = SeededFakeReplayer(manifest, lambda seed: seed == 1234 or seed % 2 == 0)
+    replays = SequentialReplays(cast(Replayer, fake), VerdictPolicy())
+    replays.run()
+    assert replays.test.result().verdict is Verdict.DETERMINISTIC  # every replay under 1234 fails
+    decided = decide_seeds(replays, manifest)
+    assert decided is not None
+    verdict, finding = decided
+    assert verdict.verdict is Verdict.FLAKY and verdict.decided
+    assert 0 < verdict.reproductions < verdict.replays  # the rate is the one across seeds
+    assert verdict.rate.low < 0.5 < verdict.rate.high
+    assert finding.kind == "seed" and "--randomly-seed=1234" in finding.summary
+    assert len(set(fake.seeds[5:])) == len(fake.seeds[5:]) and 1234 not in fake.seeds[5:]  # fresh ones
+
+
+def test_a_failure_under_every_seed_or_under_a_seed_someone_set_stays_deterministic(
+    make_manifest: Callable[..., Manifest],
+) -> None:
+    for manifest, fails in (
+        (_seeded(make_manifest, drawn=True), lambda seed: True),  # fails whatever the seed
+        (_seeded(make_manifest, drawn=False), lambda seed: seed == 1234),  # CI always runs 1234
+    ):
+        fake = SeededFakeReplayer(manifest, fails)
+        replays = SequentialReplays(cast(Replayer, fake), VerdictPolicy())
+        replays.run()
+        assert decide_seeds(replays, manifest) is None
