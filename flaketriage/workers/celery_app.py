@@ -8,6 +8,7 @@ are retried with backoff, anything else is recorded on the work and its case.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -113,9 +114,14 @@ def create_celery(settings: Settings) -> Celery:
         def run(order: dict[str, Any]) -> str:
             parsed = WorkOrder.model_validate(order)
             pipeline = Pipeline(holder.env())
-            if step is Step.REPLAY:
-                return pipeline.replay(parsed.work_id, int(parsed.replay or 0))
-            return str(getattr(pipeline, str(step))(parsed.work_id))
+            replay = int(parsed.replay or 0) if step is Step.REPLAY else None
+            if replay is not None:
+                outcome = pipeline.replay(parsed.work_id, replay)
+            else:
+                outcome = str(getattr(pipeline, str(step))(parsed.work_id))
+            with contextlib.suppress(RecordsError):  # the line is for people; the step is done
+                log.info("%s", pipeline.log_line(step, parsed.work_id, outcome, replay))
+            return outcome
 
         run.__name__ = f"{step}_task"
         app.task(name=task_name(step), **retry)(run)

@@ -622,6 +622,19 @@ class Pipeline:
             raise FlaketriageError(f"work {work.id} needs the verdict of triage {triage_id}, which has none")
         return TriageResult.from_json(source.result)
 
+    def log_line(self, step: Step, work_id: int, outcome: str, replay: int | None = None) -> str:
+        """The worker's log line of one step: its case, the step and what it came to, with the
+        case's verdict once the step decided one."""
+        with self.db.session() as session:
+            work = session.get(Work, work_id)
+            case = session.get(Case, work.case_id) if work is not None and work.case_id else None
+            what = f"{step} {replay}" if replay is not None else str(step)
+            line = f"case {case.id if case else '-'}: {what} (work {work_id}): {outcome}"
+            decided = work is not None and work.status == WorkStatus.DONE.value and step is not Step.REPLAY
+            if case is not None and decided and case.verdict:
+                line += f"; verdict {case.verdict}"
+            return line
+
     def _set_case(self, case_id: int | None, *, status: str, only_from: tuple[str, ...]) -> None:
         if case_id is None:
             return

@@ -425,3 +425,24 @@ def test_a_gpu_bundles_triage_decides_on_the_gpu_queue_where_its_replays_ran(wor
     triage_work = world.works(case_id)[0]
     assert triage_work.queue == "gpu" and triage_work.status == "done"
     assert world.case(case_id).verdict == "deterministic"
+
+
+def test_a_workers_log_line_names_the_case_the_step_and_the_verdict(world: World) -> None:
+    case_id = world.announce(world.capture(DETERMINISTIC))
+    [(_, order, _)] = world.sender.take()
+    assert world.pipeline.log_line(Step.TRIAGE, order.work_id, "queued") == (
+        f"case {case_id}: triage (work {order.work_id}): queued"  # not decided yet: no verdict
+    )
+    world.sender.send("flaketriage.triage", order, "cpu")
+    world.drive()
+    triage_id = world.works(case_id)[0].id
+    assert world.pipeline.log_line(Step.TRIAGE, triage_id, "decided") == (
+        f"case {case_id}: triage (work {triage_id}): decided; verdict deterministic"
+    )
+    assert world.pipeline.log_line(Step.REPLAY, triage_id, "fail", replay=2) == (
+        f"case {case_id}: replay 2 (work {triage_id}): fail"
+    )
+    assert (
+        world.pipeline.log_line(Step.TRIAGE, 10_000, "busy-or-done")
+        == "case -: triage (work 10000): busy-or-done"
+    )
