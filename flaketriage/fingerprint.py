@@ -295,7 +295,7 @@ def _pytest_info(tests: list[PytestFailure], exit_code: int) -> FailureInfo:
         signature,
         earlier_signatures=(earlier,) if earlier != signature else (),
         exception_type=first.exception_type,
-        message=first.message[:_MAX_RAW_MESSAGE],
+        message=(first.whole_message or first.message)[:_MAX_RAW_MESSAGE],
         test_id=first.nodeid,
         detail="\n".join(f"{t.outcome.upper()} {t.nodeid}" for t in tests),
         exit_code=exit_code,

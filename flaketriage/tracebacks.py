@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from flaketriage.normalize import strip_ansi
@@ -138,6 +138,10 @@ class PytestFailure:
     as its text alone (``assert 16.99 == 17.0``, an AssertionError) and an exception without a
     message as its name alone (``KeyError``). Earlier releases read both as untyped; `untyped` gives
     that reading back, for the signature of a bundle captured then."""
+    whole_message: str | None = None
+    """The message uncut, where pytest cut the line to the terminal's width (``...``): from the
+    ``E`` lines of the test's section of the report above the summary. None when the line holds it
+    all, or the report does not show it. For people to read; the signature uses `message`."""
 
     def untyped(self) -> PytestFailure:
         """This failure as a parser that read only ``Type: message`` saw it: the line's text whole,
@@ -145,7 +149,7 @@ class PytestFailure:
         if self.printed_type:
             return self
         reason = self.message if self.message else self.exception_type or ""
-        return PytestFailure(self.nodeid, self.outcome, None, reason)
+        return PytestFailure(self.nodeid, self.outcome, None, reason, whole_message=self.whole_message)
 
 
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+[ \t\r]*$", re.MULTILINE)
@@ -156,6 +160,8 @@ _CLASS_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*$")
 # pytest writes a rewritten assertion's AssertionError without its "AssertionError: " prefix
 # (`ExceptionInfo._striptext`): the message starts with the assert statement.
 _REWRITTEN_ASSERT = re.compile(r"^assert\b")
+# A test's part of the report: "____ test_x[a] ____", "____ ERROR at setup of TestC.test_y ____".
+_SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}[ \t\r]*$", re.MULTILINE)
 
 
 def parse_pytest_failures(text: str) -> list[PytestFailure]:
@@ -167,9 +173,10 @@ def parse_pytest_failures(text: str) -> list[PytestFailure]:
     a rewritten assertion's ``assert ...``, the class for a bare ``KeyError`` or ``pkg.MyError``.
     """
     text = strip_ansi(text)
+    report = ""
     headers = list(_SUMMARY_HEADER.finditer(text))
     if headers:
-        text = text[headers[-1].end() :]
+        report, text = text[: headers[-1].start()], text[headers[-1].end() :]
     failures: list[PytestFailure] = []
     for line in text.splitlines():
         match = _SUMMARY_LINE.match(line)
@@ -179,8 +186,45 @@ def parse_pytest_failures(text: str) -> list[PytestFailure]:
         if not ("::" in nodeid or re.search(r"\.\w+$", nodeid)):
             continue
         outcome: Literal["failed", "error"] = "failed" if match.group("outcome") == "FAILED" else "error"
-        failures.append(_summary_failure(nodeid, outcome, reason))
+        failure = _summary_failure(nodeid, outcome, reason)
+        whole = _whole_reason(report, nodeid, reason) if reason.endswith("...") else None
+        if whole is not None:
+            failure = replace(failure, whole_message=_summary_failure(nodeid, outcome, whole).message)
+        failures.append(failure)
     return failures
+
+
+def _whole_reason(report: str, nodeid: str, reason: str) -> str | None:
+    """The text pytest cut to `reason` (``...`` at the end), from the ``E`` lines of the test's
+    section of `report`: the first block of them that starts with what the summary kept."""
+    kept = reason[:-3]
+    file, _, rest = nodeid.partition("::")
+    domain = rest.replace("::", ".") if rest else file
+    sections = list(_SECTION.finditer(report))
+    for i, section in enumerate(sections):
+        name = section.group("name")
+        if name != domain and not name.endswith(" " + domain):
+            continue
+        end = sections[i + 1].start() if i + 1 < len(sections) else len(report)
+        for block in _e_blocks(report[section.end() : end].splitlines()):
+            if block[0].startswith(kept):
+                return "\n".join(block[:_MAX_MESSAGE_LINES])
+    return None
+
+
+def _e_blocks(lines: list[str]) -> list[list[str]]:
+    """The runs of pytest's ``E   text`` lines, each dedented by its first line's indentation."""
+    blocks: list[list[str]] = []
+    run: list[str] = []
+    for line in [*lines, ""]:
+        if line.startswith("E ") or line.rstrip() == "E":
+            run.append(line[1:].rstrip())
+            continue
+        if run:
+            indent = len(run[0]) - len(run[0].lstrip())
+            blocks.append([part[indent:] if part[:indent].isspace() else part.strip() for part in run])
+            run = []
+    return blocks
 
 
 def _summary_failure(nodeid: str, outcome: Literal["failed", "error"], reason: str) -> PytestFailure:

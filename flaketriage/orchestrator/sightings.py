@@ -19,6 +19,7 @@ from flaketriage.events import FailureEvent
 from flaketriage.manifest import Manifest
 from flaketriage.orchestrator.intake import Sighting, Trigger, cause_key
 from flaketriage.store import open_store, store_url
+from flaketriage.titles import clip
 
 BUNDLE_LINE = re.compile(r"^\s*flaketriage-bundle:\s*([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
 """How CI output, an issue body or a check run's summary names a bundle: ``flaketriage-bundle: <id>``."""
@@ -70,10 +71,11 @@ def repository_of(run_url: str | None) -> str | None:
 def title_of(
     test_id: str | None, command: Sequence[str], kind: str, exc_type: str | None, msg: str | None
 ) -> str:
-    what = test_id or shlex.join(command)[:120] or "a run"
+    what = test_id or clip(shlex.join(command), 120) or "a run"
     why = exc_type or kind
     message = (msg or "").strip().splitlines()
-    return f"{what}: {why}" + (f": {message[0][:160]}" if message else "")
+    # Cut at a word: the case's bundle and its report hold the whole message.
+    return f"{what}: {why}" + (f": {clip(message[0].strip(), 160)}" if message else "")
 
 
 def from_event(event: FailureEvent, policy: StorePolicy) -> Sighting:

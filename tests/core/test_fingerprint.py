@@ -270,6 +270,34 @@ def test_a_bare_asserts_signature_names_assertion_error_and_still_matches_earlie
     assert typed is not None and typed.earlier_signatures == ()
 
 
+CUT_REPORT = """\
+=================================== FAILURES ===================================
+__________________________________ test_other __________________________________
+E       ValueError: bad price for SKU-0137: -4.99 in another test
+_________________________________ test_price ___________________________________
+
+    def test_price():
+>       raise ValueError("bad price for SKU-0137: -4.99 is below zero; see row 1182")
+E       ValueError: bad price for SKU-0137: -4.99 is below zero; see row 1182
+E         second line
+
+test_prices.py:5: ValueError
+=========================== short test summary info ============================
+FAILED test_prices.py::test_price - ValueError: bad price for SKU-0137: -4.99...
+"""
+
+
+def test_a_message_pytest_cut_to_the_terminal_is_read_whole_from_the_report() -> None:
+    (failure,) = parse_pytest_failures(CUT_REPORT)
+    assert failure.message == "bad price for SKU-0137: -4.99..."
+    assert failure.whole_message == "bad price for SKU-0137: -4.99 is below zero; see row 1182\n  second line"
+    info = fingerprint_failure(exit_code=1, stdout=CUT_REPORT, stderr="")
+    assert info is not None and info.message == failure.whole_message
+    # The signature is the summary line's: a replay printed at the same width matches.
+    alone = fingerprint_failure(exit_code=1, stdout="\n".join(CUT_REPORT.splitlines()[-2:]), stderr="")
+    assert alone is not None and alone.fingerprint == info.fingerprint and alone.message == failure.message
+
+
 def _summary_fingerprint(line: str) -> str:
     info = fingerprint_failure(exit_code=1, stdout=f"{PYTEST_OUTPUT.splitlines()[1]}\n{line}\n", stderr="")
     assert info is not None

@@ -269,6 +269,26 @@ def test_title_is_clipped_to_120_characters_keeping_where_and_verdict(store: Loc
     assert title.endswith("x… (deterministic)")
 
 
+def test_a_long_title_is_cut_between_words_and_the_body_holds_the_whole_message(store: LocalStore) -> None:
+    message = (
+        "bad price for SKU-0137: -4.99 is below zero; prices must be at least 0.00 and the catalogue "
+        "row 1182 says otherwise for warehouse EU-WEST-2 " + "and more words " * 20
+    )
+    manifest = issue_manifest(store, message=message)
+    title = issue_title(manifest, "deterministic")
+    assert len(title) <= 120 and title.endswith("… (deterministic)")
+    kept = title.removeprefix("[flaketriage] train.py: ZeroDivisionError: ").removesuffix("… (deterministic)")
+    assert message.startswith(kept) and message[len(kept)] == " "  # the cut is between words
+    draft = render_issue(store, manifest, "1" * 64, deterministic(), minimal=None, minimal_bundle_id=None)
+    assert f"Message:\n\n```text\n{message}\n```" in draft.body
+
+
+def test_a_short_message_is_not_repeated_below_the_table(store: LocalStore) -> None:
+    manifest = issue_manifest(store, message="division by zero")
+    draft = render_issue(store, manifest, "1" * 64, deterministic(), minimal=None, minimal_bundle_id=None)
+    assert "Message:" not in draft.body and "| Message | division by zero |" in draft.body
+
+
 # -- sinks ----------------------------------------------------------------------------------------
 class Clock:
     def __init__(self) -> None:

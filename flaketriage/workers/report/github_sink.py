@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flaketriage.errors import IssueTrackerError, ReportError
+from flaketriage.titles import clip
 from flaketriage.workers.report.base import (
     MARKER_TAG,
     IssueDraft,
@@ -412,7 +413,7 @@ def _title(draft: IssueDraft) -> str:
     title = " ".join(draft.title.split())
     if not title:
         title = f"[flaketriage] failure {draft.fingerprint[:12]} ({draft.verdict})"
-    return title if len(title) <= MAX_TITLE else title[: MAX_TITLE - 1] + "…"
+    return clip(title, MAX_TITLE)
 
 
 def _with_comment(record: IssueRecord, info: dict[str, Any]) -> IssueRecord:

@@ -27,6 +27,7 @@ from flaketriage.os_strings import shell_join
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
+from flaketriage.titles import clip
 from flaketriage.workers.cost import TriageCost
 from flaketriage.workers.polluters import PolluterSearch, repeat_base
 from flaketriage.workers.report.base import IssueDraft
@@ -169,7 +170,7 @@ def _one_line(text: str) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(0, limit - 1)].rstrip() + "…"
+    return clip(text, limit)  # at a word: the body shows the whole
 
 
 _MENTION_RE = re.compile(r"@(?=[A-Za-z0-9_])")
@@ -319,6 +320,10 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
     rows += [("Detail", f.detail), ("Duration", f"{f.duration_s:.1f} s" if f.duration_s else None)]
     rows += [("Command", shell_join(manifest.command.argv))]
     parts = ["## Failure", "", markdown_table(rows)]
+    if f.message and (len(" ".join(f.message.split())) > MAX_CELL or "\n" in f.message.strip()):
+        # The table's cell is one line, cut at a word; the message itself, whole, is here.
+        whole = "\n".join(_clip_line(line) for line in f.message.splitlines())
+        parts += ["", "Message:", "", _fence(whole, "text")]
     if f.traceback:
         lines = [_clip_line(line) for line in f.traceback.rstrip().splitlines()]
         if len(lines) > MAX_TRACEBACK_LINES:
