@@ -91,6 +91,12 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
+def _within(path: Path, root: Path) -> bool:
+    """Whether `path` is `root` or lies under it (both resolved: a link may lead in or out)."""
+    path, root = path.resolve(), root.resolve()
+    return path == root or root in path.parents
+
+
 def _kept(point: Path) -> bool:
     return any(point == k or k in point.parents for k in KEPT_WRITABLE) and point != PRIVATE_SHM
 
@@ -115,7 +121,14 @@ class Namespaces:
             flags |= CLONE_NEWUSER
         table = [m for m in mounts() if not _kept(m.point)] if self.files else []
         workspace_b, cwd_b = os.fsencode(workspace), os.fsencode(cwd)
-        under_tmp = [os.fsencode(p) for p in readable if PRIVATE_TMP in p.parents and p.exists()]
+        # A readable path in the workspace (a local project's import root on PYTHONPATH: the
+        # workspace itself) is seen through the workspace's own writable bind: bound read-only
+        # over it, it would make the workspace read-only to the run.
+        under_tmp = [
+            os.fsencode(p)
+            for p in readable
+            if PRIVATE_TMP in p.parents and p.exists() and not _within(p, workspace)
+        ]
         points = [(os.fsencode(m.point), m.flags) for m in table]
 
         def check(result: int, what: str) -> None:
@@ -136,8 +149,9 @@ class Namespaces:
                 return
             check(mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
             # Held open across the private /tmp, which may cover them, and bound back from there.
-            held = [(os.open(workspace_b, os.O_PATH | os.O_DIRECTORY), workspace_b, False)]
-            held += [(os.open(p, os.O_PATH), p, True) for p in under_tmp]
+            # The workspace is bound last, so that no read-only path above it covers it.
+            held = [(os.open(p, os.O_PATH), p, True) for p in under_tmp]
+            held += [(os.open(workspace_b, os.O_PATH | os.O_DIRECTORY), workspace_b, False)]
             for point, mflags in points:
                 failed = mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | mflags, None) != 0
                 if failed and ctypes.get_errno() not in (errno.ENOENT, errno.EINVAL):  # gone, or covered

@@ -82,3 +82,22 @@ def test_a_replay_runs_when_flaketriage_and_its_interpreter_live_under_tmp(tmp_p
     # Isolated (this machine can make the namespaces): the private /tmp hides what lies under the real one.
     hidden = str(Namespaces(network=True, files=True).usable())
     assert (report["isolated"], report["out"].strip()) == (hidden == "True", str(hidden != "True"))
+
+
+def test_the_workspace_stays_writable_when_a_readable_path_is_it_or_above_it(tmp_path: Path) -> None:
+    # A local project's import root on the replay's PYTHONPATH is the workspace itself (fooof 1.0.0's
+    # tests rmtree and mkdir their output folder in the checkout): bound read-only over the workspace's
+    # writable bind, every write there failed with EROFS, read as a sandbox limit.
+    assert Namespaces(network=True, files=True).usable(), "this machine makes mount namespaces (tests/run.sh)"
+    workspace = tmp_path / "run-1"
+    (workspace / "pkg").mkdir(parents=True)
+    code = "import os; os.mkdir('pkg/out'); open('pkg/out/f', 'w').write('ok')"
+    for readable in ([workspace], [workspace / "pkg"], [tmp_path]):
+        shutil.rmtree(workspace / "pkg" / "out", ignore_errors=True)
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", code],
+            cwd=workspace, capture_output=True, text=True, timeout=60, check=False,
+            preexec_fn=Namespaces(network=True, files=True).preexec(workspace, workspace, readable),
+        )  # fmt: skip
+        assert done.returncode == 0, (readable, done.stderr)
+        assert (workspace / "pkg" / "out" / "f").read_text() == "ok"
