@@ -205,15 +205,18 @@ class Settings(BaseSettings):
         "plugin instead of the quarantine file.",
     )
     quarantine_cache_ttl_s: float = Field(
-        default=3600.0,
+        default=86400.0,
         ge=0,
-        description="How long the pytest plugin trusts its cached copy of the service's quarantine list.",
+        description="How old the pytest plugin's cached copy of the service's quarantine list may be "
+        "(since the service last gave or confirmed it) to stand in when the service does not answer; "
+        "an older copy is not used (0: never). While the service answers, every session uses its "
+        "current list, asked conditionally (`If-None-Match`, answered 304 while unchanged).",
     )
     quarantine_fetch_timeout_s: float = Field(
         default=5.0,
         gt=0,
-        description="How long the pytest plugin waits for the service's quarantine list before it "
-        "falls back to its cached copy (or to no list).",
+        description="How long the pytest plugin waits, in all, for the service's quarantine list "
+        "before it falls back to its cached copy (or to no list).",
     )
     output_tail_lines: int = Field(
         default=DEFAULT_OUTPUT_TAIL_LINES,

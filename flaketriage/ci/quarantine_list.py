@@ -1,9 +1,13 @@
-"""The quarantine list as the CI side reads it: the file, or the service's copy with a local cache.
+"""The quarantine list as the CI side reads it: the file, or the service's current list.
 
 Both are a `flaketriage.quarantine.QuarantineDocument`, the document the workers write. The
-service's list (``GET <quarantine_url>``, fetched with httpx) is cached in the store as
-``quarantine-cache.json``, trusted for ``quarantine_cache_ttl_s``, and used even when stale while
-the service is unreachable: reading the list never fails a CI run, it only adds a note.
+service's list (``GET <quarantine_url>``, fetched with httpx) is asked for in every session that
+needs it, conditionally: the copy cached in the store as ``quarantine-cache.json`` is named by its
+ETag (``If-None-Match``), and the service answers ``304 Not Modified`` while it is current, so a
+test quarantined since the last run is quarantined in this one. The cache is used only when the
+service does not answer (within ``quarantine_fetch_timeout_s``) or answers with a list it cannot
+use, and then only if the service confirmed it within ``quarantine_cache_ttl_s``: reading the list
+never fails a CI run, it only adds a note.
 """
 
 from __future__ import annotations
@@ -23,8 +27,19 @@ from flaketriage.settings import Settings
 
 CACHE_NAME = "quarantine-cache.json"
 
-Fetch = Callable[[str, float], bytes]
-"""``fetch(url, timeout_s)``: the body of a 2xx answer; OSError for anything else."""
+
+@dataclass(frozen=True)
+class Answer:
+    """What the service said: its list (200) with the list's ETag, or (``body`` None: 304) that the
+    copy whose ETag was sent is current."""
+
+    body: bytes | None
+    etag: str | None = None
+
+
+Fetch = Callable[[str, float, str | None], Answer]
+"""``fetch(url, timeout_s, etag)``: the service's `Answer`, asked with ``If-None-Match: etag`` when
+`etag` is given; OSError for anything else, an answer not complete within `timeout_s` included."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,8 @@ class QuarantineList:
 
     document: QuarantineDocument = field(default_factory=QuarantineDocument)
     source: str = "none"
+    """Where the list came from, in words: ``file PATH``, the service's URL (``URL (unchanged)``
+    after a 304), ``cached copy of URL from TIME`` when the service did not answer, or ``none``."""
 
     @property
     def entries(self) -> Mapping[str, QuarantineEntry]:
@@ -49,22 +66,36 @@ def describe(entry: QuarantineEntry) -> str:
     return f"{reason} ({entry.issue_url})" if entry.issue_url else reason
 
 
-def fetch_url(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = None) -> bytes:
-    """``GET url`` (JSON), raising OSError for anything that is not a 2xx answer in time.
+def fetch_url(
+    url: str, timeout_s: float, etag: str | None = None, *, headers: Mapping[str, str] | None = None
+) -> Answer:
+    """``GET url`` (JSON), with ``If-None-Match: etag`` when `etag` is given.
 
-    `headers` go with the request (credentials, say): pass ``functools.partial(fetch_url,
-    headers=...)`` as `load_quarantine`'s ``fetch``.
+    Raises OSError for anything but a 2xx or a 304 answer complete within `timeout_s` (in all:
+    connecting, the headers and every byte of the body, so a server that trickles its answer
+    cannot hold the session). `headers` go with the request (credentials, say): pass
+    ``functools.partial(fetch_url, headers=...)`` as `load_quarantine`'s ``fetch``.
     """
-    import httpx  # only when the service is asked: a file-based or cached list never pays for it
+    import httpx  # only when the service is asked: a file-based list never pays for it
 
+    deadline = time.monotonic() + timeout_s
     sent = {"Accept": "application/json", "User-Agent": f"flaketriage/{__version__}", **(headers or {})}
+    if etag:
+        sent["If-None-Match"] = etag
     try:
-        response = httpx.get(url, headers=sent, timeout=timeout_s, follow_redirects=True)
+        with httpx.stream("GET", url, headers=sent, timeout=timeout_s, follow_redirects=True) as response:
+            if response.status_code == 304:
+                return Answer(None, response.headers.get("etag") or etag)
+            if not response.is_success:
+                raise OSError(f"HTTP {response.status_code}")
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise OSError(f"the answer took longer than {timeout_s:g} s")
+            return Answer(b"".join(chunks), response.headers.get("etag"))
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise OSError(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
-    if not response.is_success:
-        raise OSError(f"HTTP {response.status_code}")
-    return response.content
 
 
 def load_quarantine(
@@ -98,45 +129,87 @@ def load_quarantine(
     return QuarantineList(document, f"file {path}"), []
 
 
+@dataclass(frozen=True)
+class _Cached:
+    document: QuarantineDocument
+    etag: str | None
+    checked_at: float
+    """When the service last gave or confirmed this list (epoch seconds)."""
+
+
 def _from_service(
     settings: Settings, store_dir: Path, fetch: Fetch, now: Callable[[], float]
 ) -> tuple[QuarantineList, list[str]]:
     url = settings.quarantine_url or ""
     cache_path = store_dir / CACHE_NAME
     cached = _read_cache(cache_path, url)
-    if cached is not None and now() - cached[1] < settings.quarantine_cache_ttl_s:
-        return QuarantineList(cached[0], f"cache of {url}"), []
     try:
-        raw = fetch(url, settings.quarantine_fetch_timeout_s)
-        document = QuarantineDocument.from_json(raw, where=f"the quarantine list from {url}")
+        answer = fetch(url, settings.quarantine_fetch_timeout_s, cached.etag if cached else None)
+        if answer.body is None:
+            if cached is None:
+                raise QuarantineError("304 Not Modified to a request that named no cached copy")
+            document, etag, source = cached.document, answer.etag or cached.etag, f"{url} (unchanged)"
+        else:
+            document = QuarantineDocument.from_json(answer.body, where=f"the quarantine list from {url}")
+            etag, source = answer.etag, url
     except (OSError, QuarantineError) as exc:
         problem = "unreachable" if isinstance(exc, OSError) else "answered with a list it cannot use"
-        if cached is None:
-            return QuarantineList(), [
-                f"quarantine service {url} {problem} ({exc}) and no cached list; "
-                "running without a quarantine list"
-            ]
-        age = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(cached[1]))
-        note = f"quarantine service {url} {problem} ({exc}); using the cached list from {age}"
-        return QuarantineList(cached[0], f"stale cache of {url}"), [note]
+        return _fallback(settings, url, f"quarantine service {url} {problem} ({exc})", cached, now())
     notes: list[str] = []
     try:
-        _write_cache(cache_path, url, document, now())
+        _write_cache(cache_path, url, _Cached(document, etag, now()))
     except OSError as exc:
         notes.append(f"cannot cache the quarantine list in {cache_path} ({exc})")
-    return QuarantineList(document, url), notes
+    return QuarantineList(document, source), notes
 
 
-def _read_cache(path: Path, url: str) -> tuple[QuarantineDocument, float] | None:
+def _fallback(
+    settings: Settings, url: str, problem: str, cached: _Cached | None, now: float
+) -> tuple[QuarantineList, list[str]]:
+    """The cached copy when the service did not answer, if it is young enough to stand in."""
+    if cached is None:
+        return QuarantineList(), [f"{problem} and no cached list; running without a quarantine list"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(cached.checked_at))
+    age = now - cached.checked_at
+    if age > settings.quarantine_cache_ttl_s:
+        return QuarantineList(), [
+            f"{problem}, and the cached list from {when} is {_duration(age)} old, older than "
+            f"FLAKETRIAGE_QUARANTINE_CACHE_TTL_S ({settings.quarantine_cache_ttl_s:g} s); "
+            "running without a quarantine list"
+        ]
+    note = f"{problem}; using the cached list from {when} ({_duration(age)} old)"
+    return QuarantineList(cached.document, f"cached copy of {url} from {when}"), [note]
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _read_cache(path: Path, url: str) -> _Cached | None:
     try:
         doc = json.loads(path.read_bytes())
         if doc.get("url") != url:
             return None
-        return QuarantineDocument.from_json(json.dumps(doc["list"]), str(path)), float(doc["fetched_at"])
+        document = QuarantineDocument.from_json(json.dumps(doc["list"]), str(path))
+        etag = doc.get("etag")
+        # A cache written before ETags has ``fetched_at`` and no tag: the service then answers 200.
+        checked_at = float(doc["checked_at"] if "checked_at" in doc else doc["fetched_at"])
+        return _Cached(document, etag if isinstance(etag, str) and etag else None, checked_at)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, QuarantineError):
         return None  # no usable cache is the same as none
 
 
-def _write_cache(path: Path, url: str, document: QuarantineDocument, fetched_at: float) -> None:
-    doc = {"url": url, "fetched_at": fetched_at, "list": document.model_dump(mode="json")}
-    write_atomic(path, json.dumps(doc, sort_keys=True).encode())
+def _write_cache(path: Path, url: str, cached: _Cached) -> None:
+    doc = {
+        "url": url,
+        "etag": cached.etag,
+        "checked_at": cached.checked_at,
+        "list": cached.document.model_dump(mode="json"),
+    }
+    # Unsynced: a cache lost in a crash costs one full answer next time, and a 304 rewrites it.
+    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), fsync=False)

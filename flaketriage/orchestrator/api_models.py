@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -21,6 +22,20 @@ class Accepted(BaseModel):
     cases: list[int] = Field(default_factory=list)
     work: list[int] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+
+class CaseVerdict(StrEnum):
+    """The verdicts a case is recorded with, as ``/v1/cases?verdict=`` accepts them: the values of
+    `flaketriage.workers.verdict.Verdict` (the service does not import the workers; a test keeps
+    the two equal)."""
+
+    DETERMINISTIC = "deterministic"
+    FLAKY = "flaky"
+    NOT_REPRODUCED = "not_reproduced"
+    DIFFERENT_FAILURE = "different_failure"
+    ORDER_DEPENDENT = "order_dependent"
+    ENVIRONMENT = "environment"
+    ENVIRONMENT_SPECIFIC = "environment_specific"
 
 
 class CaseSummary(BaseModel):

@@ -32,6 +32,7 @@ from flaketriage.orchestrator.api_models import (
     Accepted,
     CaseDetail,
     CaseSummary,
+    CaseVerdict,
     Health,
     Problem,
     RunnerSummary,
@@ -46,7 +47,6 @@ from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from flaketriage.workers.verdict import Verdict
 
 MAX_ID = 2**31 - 1
 """The largest id an integer column holds (PostgreSQL ``integer``)."""
@@ -258,7 +258,7 @@ def create_app(service: Service) -> FastAPI:
     )
     def list_cases(
         status: CaseStatus | None = None,
-        verdict: Verdict | None = None,
+        verdict: CaseVerdict | None = None,
         limit: int = 100,
     ) -> list[CaseSummary]:
         """Cases, newest first; filter by ``status`` and ``verdict`` (a value that is not one of

@@ -565,20 +565,27 @@ def test_quarantine_file_marks_the_test_and_keeps_the_others_failing(
 
 
 class _QuarantineService:
-    """``GET /v1/quarantine`` from a real HTTP server on 127.0.0.1, in a thread."""
+    """``GET /v1/quarantine`` from a real HTTP server on 127.0.0.1, in a thread: `doc` with its
+    ETag, 304 to a request naming it (the status of each answer in `answered`)."""
 
     def __init__(self, doc: dict[str, Any]) -> None:
-        body = json.dumps(doc).encode()
-        self.hits = 0
+        self.doc = doc
+        self.answered: list[int] = []
         service = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                service.hits += 1
-                self.send_response(200 if self.path == "/v1/quarantine" else 404)
+                body = json.dumps(service.doc).encode()
+                etag = f'"{len(service.doc["entries"])}"'
+                status = 304 if self.headers.get("If-None-Match") == etag else 200
+                status = status if self.path == "/v1/quarantine" else 404
+                service.answered.append(status)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                self.send_header("ETag", etag)
                 self.end_headers()
-                self.wfile.write(body)
+                if status != 304:
+                    self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -609,17 +616,20 @@ def test_quarantine_from_the_service_then_from_its_cache_when_unreachable(
     pytester.makepyfile(test_two=TWO_FAILING)
     monkeypatch.setenv("FLAKETRIAGE_QUARANTINE_URL", service.url)
     monkeypatch.setenv("FLAKETRIAGE_QUARANTINE_FETCH_TIMEOUT_S", "2")
+    entries, service.doc = service.doc, _quarantine_doc()
+    assert run(pytester, store_dir).ret == 1  # nothing quarantined yet
+    service.doc = entries  # quarantined between this run and the next
+
     first = run(pytester, store_dir)
     first.stdout.fnmatch_lines(["*QUARANTINED test_two.py::test_known_flaky*", "*1 quarantined*"])
-    assert service.hits == 1
+    assert service.answered == [200, 200]
     cache = json.loads((store_dir / "quarantine-cache.json").read_text())
     assert cache["url"] == service.url and "cd" * 32 in cache["list"]["entries"]
 
     run(pytester, store_dir).stdout.fnmatch_lines(["*1 quarantined*"])
-    assert service.hits == 1  # within the cache's TTL: not asked again
+    assert service.answered == [200, 200, 304]  # asked again, and told the copy is current
 
     service.stop()
-    monkeypatch.setenv("FLAKETRIAGE_QUARANTINE_CACHE_TTL_S", "0")
     stale = run(pytester, store_dir)
     stale.stdout.fnmatch_lines(
         [

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flaketriage.dispatch import MemorySender
-from flaketriage.orchestrator.api_models import CaseDetail, CaseSummary
+from flaketriage.orchestrator.api_models import CaseDetail, CaseSummary, CaseVerdict
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEvidence, refreshed_entry
 from flaketriage.records import CaseStatus, Database, QuarantineRow
 from flaketriage.workers.verdict import Verdict
@@ -120,6 +120,10 @@ def test_an_unknown_filter_value_is_refused_naming_the_values_there_are(
     assert all(f"'{value}'" in response.json()["detail"] for value in values)
     for value in values:
         assert receiver.client.get("/v1/cases", params={name: str(value)}).status_code == 200
+
+
+def test_the_verdict_filter_knows_every_verdict_the_workers_give() -> None:
+    assert {str(v) for v in CaseVerdict} == {str(v) for v in Verdict}
 
 
 def test_one_case_in_full(receiver: Receiver, captured: Captured, three_cases: dict[str, int]) -> None:
