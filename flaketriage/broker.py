@@ -79,10 +79,19 @@ def broker_was_emptied(connection: Any) -> bool:
 
 @functools.cache
 def local_transport() -> type:
-    """kombu's SQLAlchemy transport polling ten times a second instead of once."""
-    from kombu.transport.sqlalchemy import Transport
+    """kombu's SQLAlchemy transport polling ten times a second instead of once; a SQLite database it
+    creates is its owner's alone, like the store it sits beside (messages name bundles and stores)."""
+    from kombu.transport.sqlalchemy import Channel, Transport
+
+    from flaketriage.records.database import create_sqlite_file
+
+    class _Channel(Channel):
+        def _engine_from_config(self) -> Any:
+            create_sqlite_file(self.connection.client.hostname)
+            return super()._engine_from_config()  # type: ignore[no-untyped-call]
 
     class _LocalTransport(Transport):
+        Channel = _Channel
         polling_interval = 0.1
 
     return _LocalTransport

@@ -147,6 +147,7 @@ def triage(
     ] = None,
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
+    from flaketriage.store.local import FileModes
     from flaketriage.workers.quarantine import Quarantine
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.report.backend import open_issue_sink
@@ -190,7 +191,9 @@ def triage(
             sandbox=replay_sandbox,
             policy=policy,
             sink=sink,
-            quarantine=Quarantine(settings.resolved_quarantine_file()),
+            quarantine=Quarantine(
+                settings.resolved_quarantine_file(), modes=FileModes.of(settings.store_shared)
+            ),
             context=ReplayContext.from_settings(settings),
             minimize=minimize,
             timeout_s=timeout,

@@ -152,6 +152,9 @@ def beat(
     settings = settings_for(store)
     app = create_celery(settings)
     path = schedule_file or _beside_store(settings, "beat-schedule")
+    # Celery's schedule is a shelve whose files take the umask's mode; this process writes nothing
+    # else, so its umask makes them the store's: its owner's, or its group's too when shared.
+    os.umask(0o007 if settings.store_shared else 0o077)
     app.Beat(schedule=str(path), loglevel="INFO").run()
 
 

@@ -49,6 +49,7 @@ def telemetry(
 ) -> None:
     """Replay a bundle (one that did not reproduce) longer, sampling CPU, memory and GPUs; profile it."""
     from flaketriage.bundle import load_manifest
+    from flaketriage.store.local import FileModes
     from flaketriage.workers.quarantine import Quarantine
     from flaketriage.workers.replay import ReplayContext, Replayer
     from flaketriage.workers.report.backend import open_issue_sink
@@ -117,7 +118,7 @@ def telemetry(
         manifest,
         result,
         open_issue_sink(settings),
-        Quarantine(settings.resolved_quarantine_file()),
+        Quarantine(settings.resolved_quarantine_file(), modes=FileModes.of(settings.store_shared)),
         tail_lines=settings.output_tail_lines,
     )
     data = result.to_json()

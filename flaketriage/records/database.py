@@ -24,6 +24,7 @@ from sqlalchemy.sql import Executable
 
 from flaketriage.dependencies import require
 from flaketriage.errors import ConfigError, RecordsError
+from flaketriage.store.local import OWNER_ONLY
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK = 0x46_54_52_47  # "FTRG": one schema upgrade at a time on PostgreSQL
@@ -61,6 +62,18 @@ def database_url(url: str) -> str:
     return raw
 
 
+def create_sqlite_file(url: str | None) -> None:
+    """Create the file of a ``sqlite:///path`` database (and its missing directories) owner-only,
+    0600 and 0700, when it does not exist: SQLite would create it with the umask's mode, and its WAL
+    and journal files take the database's. Records name bundles, stores and tests: like the store
+    they sit beside, they are their owner's. Any other URL (in memory, a server) is left alone."""
+    if not url or not url.startswith("sqlite"):
+        return
+    path = make_url(url).database
+    if path and path != ":memory:" and not path.startswith("file:"):
+        OWNER_ONLY.create_file(Path(path))
+
+
 class Database:
     """One database: sessions (`session()`), readiness (`ping()`) and schema upgrades (`upgrade()`)."""
 
@@ -72,9 +85,7 @@ class Database:
         self._lost_at = 0.0
         options: dict[str, Any] = {"echo": echo, "future": True}
         if self.is_sqlite:
-            path = make_url(self.url).database
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            create_sqlite_file(self.url)
             options["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
             # Custom plans only: psycopg prepares a statement run five times, and PostgreSQL may then

@@ -16,6 +16,7 @@ from flaketriage.atomic import write_atomic
 from flaketriage.errors import ReportError
 from flaketriage.file_lock import locked
 from flaketriage.settings import Settings
+from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import ReportRef
 
 
@@ -26,8 +27,10 @@ class Commenter(Protocol):
 class MarkdownCommenter:
     """Comments as ``<directory>/<owner>__<repo>__<issue>.md``, newest last."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, modes: FileModes = OWNER_ONLY) -> None:
         self.directory = Path(directory)
+        self.modes = modes
+        """The store's (`FileModes.of`): a reply quotes the failure, owner-only unless shared."""
 
     def path_for(self, repository: str, issue: int) -> Path:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", repository.replace("/", "__"))
@@ -36,10 +39,10 @@ class MarkdownCommenter:
     def comment(self, repository: str, issue: int, body: str) -> ReportRef:
         path = self.path_for(repository, issue)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.modes.make_dirs(self.directory)
             with locked(self.directory / ".comments.lock"):
                 old = path.read_bytes() if path.exists() else f"# {repository}#{issue}\n".encode()
-                write_atomic(path, old + b"\n---\n\n" + body.encode("utf-8") + b"\n")
+                write_atomic(path, old + b"\n---\n\n" + body.encode("utf-8") + b"\n", mode=self.modes.file)
         except OSError as exc:
             raise ReportError(f"cannot write the comment for {repository}#{issue} to {path}: {exc}") from exc
         return ReportRef(kind="markdown", location=str(path), created=False)
@@ -51,7 +54,9 @@ def open_commenter(settings: Settings) -> Commenter:
 
     client = github_client(settings)
     if client is None:
-        return MarkdownCommenter(settings.resolved_issues_dir() / "comments")
+        return MarkdownCommenter(
+            settings.resolved_issues_dir() / "comments", modes=FileModes.of(settings.store_shared)
+        )
     from flaketriage.workers.report.github_sink import GitHubCommenter
 
     return GitHubCommenter(client)

@@ -22,6 +22,7 @@ from flaketriage.quarantine import (
     QuarantineEvidence,
     refreshed_entry,
 )
+from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import ReportRef, check_fingerprint, report_lock, utc_now
 from flaketriage.workers.verdict import VerdictResult
 
@@ -60,9 +61,13 @@ class QuarantineWriter(Protocol):
 class Quarantine:
     """The quarantine list in the JSON file at `path` (created on the first `add`)."""
 
-    def __init__(self, path: Path | str, *, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self, path: Path | str, *, clock: Callable[[], datetime] = utc_now, modes: FileModes = OWNER_ONLY
+    ) -> None:
         self.path = Path(path)
         self._clock = clock
+        self.modes = modes
+        """The store's (`FileModes.of`): owner-only unless the store is shared."""
 
     @property
     def lock_path(self) -> Path:
@@ -128,7 +133,7 @@ class Quarantine:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.modes.make_dirs(self.path.parent)
         except OSError as exc:
             raise ReportError(
                 f"cannot create {self.path.parent} for the quarantine list ({exc.strerror or exc}); set "
@@ -158,7 +163,7 @@ class Quarantine:
 
     def _save(self, doc: QuarantineDocument) -> None:
         try:
-            write_atomic(self.path, doc.to_json())
+            write_atomic(self.path, doc.to_json(), mode=self.modes.file)
         except OSError as exc:
             raise ReportError(
                 f"cannot write {self.path} ({exc.strerror or exc}); make {self.path.parent} writable "

@@ -4,6 +4,7 @@ Markdown files beside the store. The CLI's ``triage`` and the workers both build
 from __future__ import annotations
 
 from flaketriage.settings import Settings
+from flaketriage.store.local import FileModes
 from flaketriage.workers.report.base import IssueSink
 from flaketriage.workers.report.github_client import GitHubClient, GitHubConfig
 from flaketriage.workers.report.markdown import MarkdownIssueSink
@@ -20,7 +21,7 @@ def open_issue_sink(settings: Settings) -> IssueSink:
     """`GitHubIssueSink` when GitHub is configured, else `MarkdownIssueSink` in the issues directory."""
     client = github_client(settings)
     if client is None:
-        return MarkdownIssueSink(settings.resolved_issues_dir())
+        return MarkdownIssueSink(settings.resolved_issues_dir(), modes=FileModes.of(settings.store_shared))
     from flaketriage.workers.report.github_sink import GitHubIssueSink
 
     return GitHubIssueSink(client, comment_interval_s=settings.github_comment_interval_s)

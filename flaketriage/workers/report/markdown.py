@@ -13,6 +13,7 @@ from pathlib import Path
 
 from flaketriage import atomic
 from flaketriage.errors import ReportError
+from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import (
     IssueDraft,
     IssueRecord,
@@ -26,11 +27,11 @@ from flaketriage.workers.report.base import (
 LOCK_NAME = ".flaketriage-issues.lock"
 
 
-def _write_text(path: Path, text: str) -> None:
+def _write_text(path: Path, text: str, mode: int) -> None:
     """Write `text` to a temp file beside `path`, fsync it, and rename it over `path`."""
     try:
         # A name captured as bytes that are not UTF-8 is shown as its escape (\udcfe), not lost.
-        atomic.write_atomic(path, text.encode("utf-8", "backslashreplace"))
+        atomic.write_atomic(path, text.encode("utf-8", "backslashreplace"), mode=mode)
     except OSError as exc:
         raise ReportError(
             f"cannot write {path} ({exc.strerror or exc}); make {path.parent} writable and check free space"
@@ -38,13 +39,24 @@ def _write_text(path: Path, text: str) -> None:
 
 
 class MarkdownIssueSink(IssueSink):
-    """Issues as ``<directory>/<fingerprint[:16]>.md``; the directory is created on first write."""
+    """Issues as ``<directory>/<fingerprint[:16]>.md``; the directory is created on first write.
+
+    An issue holds what its bundle does (source lines, logs), so files and directories are made
+    with `modes`: the store's (`FileModes.of`), owner-only unless the store is shared.
+    """
 
     kind = "markdown"
 
-    def __init__(self, directory: Path | str, *, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        modes: FileModes = OWNER_ONLY,
+    ) -> None:
         self.directory = Path(directory)
         self._clock = clock
+        self.modes = modes
 
     def path_for(self, fingerprint: str) -> Path:
         return self.directory / f"{check_fingerprint(fingerprint)[:16]}.md"
@@ -52,7 +64,7 @@ class MarkdownIssueSink(IssueSink):
     def upsert(self, draft: IssueDraft) -> ReportRef:
         path = self.path_for(draft.fingerprint)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.modes.make_dirs(self.directory)
         except OSError as exc:
             raise ReportError(
                 f"cannot create the issues directory {self.directory} ({exc.strerror or exc}); set "
@@ -79,9 +91,8 @@ class MarkdownIssueSink(IssueSink):
                 self._write(path, record.closed(comment, self._clock()))
         return ReportRef(kind="markdown", location=str(path), created=False)
 
-    @staticmethod
-    def _write(path: Path, record: IssueRecord) -> None:
-        _write_text(path, f"# {record.title}\n\n{record.body_text()}")
+    def _write(self, path: Path, record: IssueRecord) -> None:
+        _write_text(path, f"# {record.title}\n\n{record.body_text()}", self.modes.file)
 
     def find(self, fingerprint: str) -> ReportRef | None:
         path = self.path_for(fingerprint)
