@@ -287,13 +287,19 @@ def pytest_failure_info(tests: Sequence[PytestFailure], exit_code: int = 1) -> F
 
 def _pytest_info(tests: list[PytestFailure], exit_code: int) -> FailureInfo:
     signature = _pytest_signature(tests)
-    # Before the type pytest leaves out was read (a bare assert's AssertionError), it was empty.
-    earlier = _pytest_signature([t.untyped() for t in tests])
+    # Bundles captured by earlier releases: before the type pytest leaves out was read (a bare
+    # assert's AssertionError) it was empty, and before long reprs were collapsed they stayed whole.
+    untyped = [t.untyped() for t in tests]
+    earlier = [
+        _pytest_signature(untyped),
+        _pytest_signature(untyped, collapse=False),
+        _pytest_signature(tests, collapse=False),
+    ]
     first = min(tests, key=lambda t: t.nodeid)
     return _info(
         "test",
         signature,
-        earlier_signatures=(earlier,) if earlier != signature else (),
+        earlier_signatures=tuple(e for e in dict.fromkeys(earlier) if e != signature),
         exception_type=first.exception_type,
         message=(first.whole_message or first.message)[:_MAX_RAW_MESSAGE],
         test_id=first.nodeid,
@@ -302,17 +308,17 @@ def _pytest_info(tests: list[PytestFailure], exit_code: int) -> FailureInfo:
     )
 
 
-def _pytest_signature(tests: Sequence[PytestFailure]) -> str:
-    return "pytest|" + " ; ".join(sorted({_pytest_entry(t) for t in tests}))
+def _pytest_signature(tests: Sequence[PytestFailure], *, collapse: bool = True) -> str:
+    return "pytest|" + " ; ".join(sorted({_pytest_entry(t, collapse=collapse) for t in tests}))
 
 
-def _pytest_entry(test: PytestFailure) -> str:
+def _pytest_entry(test: PytestFailure, *, collapse: bool = True) -> str:
     message = test.message
     # pytest cuts summary messages to the terminal width with "..."; the cut itself is not the failure.
     if message.endswith("..."):
         message = message[:-3]
-    # What an assertion prints of the state it compares varies with the tests that ran before.
-    message = collapse_long_reprs(message)
+    if collapse:  # what an assertion prints of the state it compares varies with the tests before
+        message = collapse_long_reprs(message)
     return f"{clean_line(test.nodeid)}|{clean_line(test.exception_type or '')}|{normalize_message(message)}"
 
 

@@ -702,3 +702,22 @@ def test_real_failures_match_across_workspaces(tmp_path: Path) -> None:
     assert first["syntax"].endswith("main.py:<module>>bad.py:")
     assert first["exit"] == "exit:3|error: <n> shards missing"
     assert first["segv"] == "signal:SIGSEGV|"
+
+
+def test_a_bundle_captured_before_long_reprs_were_collapsed_still_matches_its_replays() -> None:
+    import hashlib
+
+    from flaketriage.tracebacks import parse_pytest_failures
+
+    line = (
+        "FAILED t.py::test_x - AssertionError: assert 'k' in {"
+        + ", ".join(f"'m{i}': {i}" for i in range(20))
+        + "}"
+    )
+    (test,) = parse_pytest_failures(f"{PYTEST_OUTPUT.splitlines()[1]}\n{line}\n")
+    entry = f"t.py::test_x|AssertionError|{normalize_message(test.message)}"  # the earlier signature
+    old = hashlib.sha256(f"pytest|{entry}".encode()).hexdigest()
+    info = fingerprint_failure(exit_code=1, stdout=f"{PYTEST_OUTPUT.splitlines()[1]}\n{line}\n", stderr="")
+    assert info is not None and info.fingerprint != old
+    matched = info.as_of(old)
+    assert matched is not None and matched.fingerprint == old
