@@ -9,10 +9,11 @@ import typer
 
 from flaketriage import __version__, interrupts
 from flaketriage.cli import bundles, doctor, garbage, notify, run, service, telemetry
-from flaketriage.cli.console import err, labelled
+from flaketriage.cli.console import Commands, err, labelled
 from flaketriage.errors import FlaketriageError
 
 app = typer.Typer(
+    cls=Commands,  # flags without a <bool> in --help; a usage error on one line
     name="flaketriage",
     help="Capture failing CI tests and training runs, replay them, and say whether they are real or flaky.",
     no_args_is_help=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from flaketriage.bundle import BundleIndex, describe_failure, load_manifest, read_index, verify_bundle
@@ -24,6 +25,8 @@ ParentOption = Annotated[
     bool,
     typer.Option("--with-parent", help="Copy the bundle a minimized bundle came from too (and its own)."),
 ]
+LINE_UNLIMITED = 1_000_000
+"""The width `bundle list` lays its table out in when stdout is not a terminal."""
 ThreadsOption = Annotated[int, typer.Option("--threads", min=1, max=64, help="Objects sent at once.")]
 
 
@@ -49,7 +52,9 @@ def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None
         return
     table = Table(box=None, pad_edge=False)
     for col in ("id", "created", "command / test", "failure", "fingerprint"):
-        table.add_column(col, overflow="fold")
+        # Ids, times and fingerprints are copied whole; the text columns fold on a terminal.
+        whole = col in ("id", "created", "fingerprint")
+        table.add_column(col, overflow="fold", no_wrap=whole, min_width=19 if col == "created" else None)
     for s in summaries:
         table.add_row(
             plain(s.id[:12] + ("*" if s.parent else "")),
@@ -58,7 +63,8 @@ def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None
             plain(s.failure),
             plain(s.fingerprint[:12]),
         )
-    out.print(table)
+    # Piped (to grep, cut, a file), each bundle is one line however long: nothing wraps.
+    (out if out.is_terminal else Console(width=LINE_UNLIMITED, highlight=False)).print(table)
 
 
 def _is_dir(path: Path) -> bool:

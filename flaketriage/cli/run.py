@@ -20,6 +20,7 @@ from flaketriage.cli.console import (
     plain,
     progress_bar,
     settings_for,
+    with_local_reports,
 )
 from flaketriage.errors import ConfigError
 from flaketriage.manifest import FailureCriteria, MetricBound
@@ -157,7 +158,7 @@ def triage(
 
     check_timeout(timeout, "--timeout")
     check_timeout(budget, "--budget")
-    settings = settings_for(store)
+    settings = with_local_reports(settings_for(store))
     if sandbox is not None:
         if sandbox not in ("auto", "bwrap", "process", "docker"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap, process or docker")

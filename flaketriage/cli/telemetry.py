@@ -10,7 +10,16 @@ import typer
 from rich.markup import escape
 
 from flaketriage.child_process import check_timeout
-from flaketriage.cli.console import JsonOption, StoreOption, err, out, plain, progress_bar, settings_for
+from flaketriage.cli.console import (
+    JsonOption,
+    StoreOption,
+    err,
+    out,
+    plain,
+    progress_bar,
+    settings_for,
+    with_local_reports,
+)
 from flaketriage.errors import ConfigError
 from flaketriage.printable import printable
 from flaketriage.store import open_store
@@ -61,7 +70,7 @@ def telemetry(
 
     check_timeout(timeout, "--timeout")
     check_timeout(interval, "--interval")
-    settings = settings_for(store)
+    settings = with_local_reports(settings_for(store))
     if sandbox is not None:
         if sandbox not in ("auto", "bwrap", "process", "docker"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap, process or docker")
