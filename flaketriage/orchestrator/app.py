@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -67,6 +68,10 @@ _SOURCES = {"/v1/events": "events", "/webhooks/github": "github", "/webhooks/sen
 """The write routes, by the source label their deliveries are counted under."""
 
 
+log = logging.getLogger("flaketriage.receiver")
+"""One line per request: source, delivery id, outcome, case and work ids; refusals with why."""
+
+
 class HTTPProblem(Exception):
     def __init__(self, status: int, detail: str) -> None:
         self.status = status
@@ -103,11 +108,13 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(RecordsError)
     async def _records_down(request: Request, exc: RecordsError) -> JSONResponse:
         unavailable(request, "database_down")
+        log.warning("%s: 503, the database is unavailable: %s", request.url.path, exc)
         return _problem(503, f"the database is unavailable (nothing was recorded), retry later: {exc}")
 
     @app.exception_handler(BrokerError)
     async def _broker_down(request: Request, exc: BrokerError) -> JSONResponse:
         unavailable(request, "broker_down")
+        log.warning("%s: 503, recorded but the broker is down: %s", request.url.path, exc)
         return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
 
     async def body(request: Request) -> bytes:
@@ -139,16 +146,21 @@ def create_app(service: Service) -> FastAPI:
         ):
             raise HTTPProblem(401, "send Authorization: Bearer <FLAKETRIAGE_API_TOKEN>")
 
-    def answer(source: str, result: IntakeResult, notes: list[str]) -> JSONResponse:
+    def answer(source: str, result: IntakeResult, notes: list[str], delivery: str) -> JSONResponse:
         service.metrics.events.labels(source, result.outcome.value).inc()
+        log.info(
+            "%s delivery %s: %s; cases %s; work %s",
+            source, delivery, result.outcome.value, list(result.cases) or "none", list(result.work) or "none",
+        )  # fmt: skip
         status = 202 if result.outcome is IntakeOutcome.ACCEPTED else 200
         payload = Accepted(
             outcome=result.outcome.value, cases=list(result.cases), work=list(result.work), notes=notes
         )
         return JSONResponse(payload.model_dump(), status_code=status)
 
-    def refuse(source: str, status: int, detail: str, outcome: str) -> NoReturn:
+    def refuse(source: str, status: int, detail: str, outcome: str, delivery: str | None = None) -> NoReturn:
         service.metrics.events.labels(source, outcome).inc()
+        log.warning("%s delivery %s: refused %d (%s): %s", source, delivery or "-", status, outcome, detail)
         raise HTTPProblem(status, detail)
 
     _document_with(app, {"FailureEvent": FailureEvent})
@@ -189,11 +201,11 @@ def create_app(service: Service) -> FastAPI:
         try:
             sighting = from_event(event, service.policy)
         except StoreNotAllowed as exc:
-            refuse("events", 422, str(exc), "store_refused")
+            refuse("events", 422, str(exc), "store_refused", event.event_id)
         # Recorded by the intake thread with whatever else arrived meanwhile (group commit); this
         # request is answered once its own delivery is committed and its work sent.
         result = await service.intake_queue.record("events", event.event_id, event.kind, [sighting])
-        return answer("events", result, [])
+        return answer("events", result, [], event.event_id)
 
     @app.post(
         "/webhooks/github",
@@ -214,7 +226,7 @@ def create_app(service: Service) -> FastAPI:
         try:
             verify_github(settings.github_webhook_secret, raw, signature)
         except SignatureError as exc:
-            refuse("github", 401, str(exc), "bad_signature")
+            refuse("github", 401, str(exc), "bad_signature", delivery)
         if not event or not delivery:
             refuse(
                 "github", 400, "a GitHub delivery has X-GitHub-Event and X-GitHub-Delivery headers", "invalid"
@@ -242,7 +254,7 @@ def create_app(service: Service) -> FastAPI:
         try:
             verify_sentry(settings.sentry_client_secret, raw, signature)
         except SignatureError as exc:
-            refuse("sentry", 401, str(exc), "bad_signature")
+            refuse("sentry", 401, str(exc), "bad_signature", request_id)
         if not resource:
             refuse("sentry", 400, "a Sentry delivery has a Sentry-Hook-Resource header", "invalid")
         data = _json(raw, "sentry", refuse)
@@ -437,13 +449,13 @@ def _record(
     delivery: str,
     kind: str,
     parsed: Parsed,
-    answer: Callable[[str, IntakeResult, list[str]], JSONResponse],
+    answer: Callable[[str, IntakeResult, list[str], str], JSONResponse],
 ) -> JSONResponse:
     # A route that reads bundles (blocking) runs on a worker thread; the delivery is recorded
     # through the event loop, as every other one is.
     sightings = parsed.sightings if parsed.handled else []
     result = anyio.from_thread.run(service.intake_queue.record, source, delivery, kind, sightings)
-    return answer(source, result, parsed.notes)
+    return answer(source, result, parsed.notes, delivery)
 
 
 def quarantine_etag(document: bytes) -> str:

@@ -12,8 +12,23 @@ receiver's p99 latency was those pauses).
 
 from __future__ import annotations
 
+import copy
 import gc
 from typing import Any
+
+
+def log_config(log_level: str = "info") -> dict[str, Any]:
+    """uvicorn's logging configuration with flaketriage's own loggers (the receiver's line per
+    request) written beside uvicorn's, at `log_level`."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["flaketriage"] = {
+        "handlers": ["default"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
+    return config
 
 
 def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
@@ -22,4 +37,6 @@ def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
 
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, access_log=False, log_config=log_config(log_level)
+    )

@@ -5,6 +5,7 @@ is a 503 that leaves the records whole."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -436,3 +437,40 @@ def test_a_broker_that_is_down_is_a_503_and_the_sweep_sends_the_recorded_work(
     assert Dispatcher(database, sender, sweep_after_s=300).sweep() == 0
     assert Dispatcher(database, sender, sweep_after_s=0).sweep() == 1
     assert sender.sent == [("flaketriage.triage", WorkOrder(work_id=work.id), "cpu")]
+
+
+def test_the_receiver_logs_one_line_per_request_with_its_delivery_outcome_and_cases(
+    receiver: Receiver, captured: Captured, caplog: pytest.LogCaptureFixture
+) -> None:
+    event = captured.event(captured.value_error)
+    body = event.body()
+    with caplog.at_level(logging.INFO, logger="flaketriage.receiver"):
+        accepted = _post(receiver, body, _signed(body))
+        again = _post(receiver, body, _signed(body))  # the same delivery, sent again
+        _wrong_secret(receiver, captured)
+        _store_not_allowed(receiver, captured)
+    lines = [r.getMessage() for r in caplog.records if r.name == "flaketriage.receiver"]
+    assert len(lines) == 4, lines
+    event_id = json.loads(body)["event_id"]
+    cases = accepted.json()["cases"]
+    assert lines[0] == f"events delivery {event_id}: accepted; cases {cases}; work {accepted.json()['work']}"
+    assert again.json()["outcome"] == "duplicate"
+    assert lines[1] == f"events delivery {event_id}: duplicate; cases none; work none"  # recorded once
+    assert lines[2].startswith("events delivery -: refused 401 (bad_signature): ")
+    assert "refused 422 (store_refused): " in lines[3] and "elsewhere" in lines[3]
+    assert [r.levelno for r in caplog.records if r.name == "flaketriage.receiver"] == [20, 20, 30, 30]
+
+
+def test_served_the_receivers_lines_are_written_beside_uvicorns() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, logging.config; from flaketriage.orchestrator.server import log_config;"
+        "logging.config.dictConfig(log_config('info'));"
+        "logging.getLogger('flaketriage.receiver').info('events delivery d1: accepted; cases [1]; work [2]')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "events delivery d1: accepted; cases [1]; work [2]" in done.stderr
