@@ -56,6 +56,7 @@ BENCHES = (
     Bench("store", tools=("cp", "sha256sum", "tar")),
     Bench("workers", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("ingest", tools=("redis-server", "wrk"), modules=("psycopg",), services=True),
+    Bench("quarantine_fetch", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
 )
 
 
