@@ -1,4 +1,4 @@
-"""The quarantine document: flaky failures marked as such, with their evidence, in one versioned JSON.
+"""The quarantine document: flaky and order-dependent failures, with their evidence, in one versioned JSON.
 
 ``{"version": 1, "entries": {fingerprint: entry}}``, the same bytes wherever it lives: the file the
 workers write (`flaketriage.workers.quarantine`), the service's ``GET /v1/quarantine`` and the CI
@@ -9,7 +9,7 @@ an error that names it, so a document from a newer flaketriage fails loudly inst
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -71,6 +71,10 @@ class QuarantineEntry(_Model):
     occurrences: int = Field(ge=1)
     issue_url: str | None = None
     """Where people read about it: the issue's URL or the Markdown issue file, when one exists."""
+    polluters: tuple[str, ...] = Field(default=(), exclude_if=lambda value: not value)
+    """For an ``order_dependent`` test, the tests it fails after when they run first (for one that
+    fails alone, the state-setters it needs; for one that fails run twice, itself); the reason says
+    which. Left out of the document when empty, so a list without one reads as it always did."""
     quarantined_at: AwareDatetime
     updated_at: AwareDatetime
 
@@ -151,9 +155,11 @@ def refreshed_entry(
     reason: str,
     issue_url: str | None,
     now: datetime,
+    polluters: Sequence[str] = (),
 ) -> QuarantineEntry:
     """A new entry, or `old` refreshed: new evidence and reason, the bundle added, one more
-    occurrence; `issue_url` None keeps the old link, and the quarantine keeps its first date."""
+    occurrence; `issue_url` None keeps the old link, and the quarantine keeps its first date.
+    `polluters` are the latest triage's (an order-dependent test's; none for any other)."""
     bundles = old.bundles if old is not None else ()
     return QuarantineEntry(
         fingerprint=fingerprint,
@@ -165,6 +171,7 @@ def refreshed_entry(
         bundles=bundles if bundle_id in bundles else (*bundles, bundle_id),
         occurrences=(old.occurrences if old is not None else 0) + 1,
         issue_url=issue_url or (old.issue_url if old is not None else None),
+        polluters=tuple(polluters),
         quarantined_at=old.quarantined_at if old is not None else now,
         updated_at=now,
     )

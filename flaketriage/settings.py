@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         description="The quarantine list (JSON; set it when the store is not a directory). "
         "Default: `<store>/quarantine.json`.",
     )
+    quarantine_order_dependent: bool = Field(
+        default=True,
+        description="Whether an order-dependent test is quarantined (its entry naming its polluters, "
+        "linked to its issue) so that it stops failing builds until it is fixed; off: it only gets the "
+        "issue and keeps failing builds.",
+    )
     sandbox: Literal["auto", "bwrap", "process", "docker"] = Field(
         default="auto",
         description="Replay isolation: `bwrap` (bubblewrap namespaces: no network, the original "

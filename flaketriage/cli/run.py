@@ -193,7 +193,9 @@ def triage(
             policy=policy,
             sink=sink,
             quarantine=Quarantine(
-                settings.resolved_quarantine_file(), modes=FileModes.of(settings.store_shared)
+                settings.resolved_quarantine_file(),
+                modes=FileModes.of(settings.store_shared),
+                order_dependent=settings.quarantine_order_dependent,
             ),
             context=ReplayContext.from_settings(settings),
             minimize=minimize,

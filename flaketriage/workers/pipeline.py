@@ -48,7 +48,7 @@ from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.records_quarantine import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueSink
-from flaketriage.workers.report.render import evidence_line, inert
+from flaketriage.workers.report.render import evidence_line, render_comment
 from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
 from flaketriage.workers.sandbox import Sandbox
 from flaketriage.workers.telemetry import TelemetryRun, telemetry_policy
@@ -415,12 +415,15 @@ class Pipeline:
                     result.cost = TriageCost.from_json(minimized["cost"])
             store = self.env.store(str(work.store_url), writable=True)
             manifest = load_manifest(store, str(work.bundle_id))
+            quarantine = RecordsQuarantine(
+                self.db, work.case_id, order_dependent=self.env.settings.quarantine_order_dependent
+            )
             ref = report(
                 store,
                 manifest,
                 result,
                 self.env.sink,
-                RecordsQuarantine(self.db, work.case_id),
+                quarantine,
                 tail_lines=self.env.settings.output_tail_lines,
                 # One key per triage: a retried report task counts no second occurrence.
                 key=f"{str(work.bundle_id)[:16]}:triage-{work.options.get('triage', work.id)}",
@@ -430,7 +433,15 @@ class Pipeline:
             comment = None
             if isinstance(reply, dict) and self.env.commenter is not None:
                 comment = self.env.commenter.comment(
-                    str(reply["repository"]), int(reply["issue"]), render_comment(result)
+                    str(reply["repository"]),
+                    int(reply["issue"]),
+                    render_comment(
+                        result,
+                        manifest,
+                        quarantined=bool(result.polluters)
+                        and quarantine.order_dependent
+                        and self.env.sink is not None,
+                    ),
                 ).location
             with self.db.session() as session:
                 data = result.to_json()
@@ -745,19 +756,3 @@ def render_lift(result: TriageResult) -> str:
         f"Bundle `{result.bundle_id[:12]}`. flaketriage closes this issue; it is reopened if the "
         "failure comes back."
     )
-
-
-def render_comment(result: TriageResult) -> str:
-    v = result.verdict
-    lines = [
-        f"**flaketriage**: `{v.verdict}` for bundle `{result.bundle_id[:12]}`: reproduced "
-        f"{v.reproductions} of {v.replays} replays (rate {v.rate.estimate:.2f}, "
-        f"95% interval {v.rate.low:.2f}–{v.rate.high:.2f}).",
-    ]
-    if result.minimized:
-        lines.append(f"Minimal bundle: `{result.minimized.bundle_id[:12]}`.")
-    if result.report:
-        lines.append(f"Report ({result.report.kind}): {result.report.location}")
-    for finding in result.findings:
-        lines.append(f"- different failure ({finding.count}×): {inert(finding.summary)}")
-    return "\n\n".join(lines)

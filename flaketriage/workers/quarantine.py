@@ -7,7 +7,7 @@ reported, never overwritten.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +41,13 @@ def evidence_of(result: VerdictResult) -> QuarantineEvidence:
 
 
 class QuarantineWriter(Protocol):
-    """Where quarantine entries go: the JSON file (`Quarantine`), or the service's records."""
+    """Where quarantine entries go: the JSON file (`Quarantine`), or the service's records.
+
+    `order_dependent` (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``) says whether an order-dependent
+    test is quarantined too, with its polluters named, beside its issue (else only the issue).
+    """
+
+    order_dependent: bool
 
     def add(
         self,
@@ -53,6 +59,7 @@ class QuarantineWriter(Protocol):
         evidence: QuarantineEvidence,
         reason: str,
         issue_url: str | None = None,
+        polluters: Sequence[str] = (),
     ) -> ReportRef: ...
 
     def remove(self, fingerprint: str) -> bool: ...
@@ -62,9 +69,16 @@ class Quarantine:
     """The quarantine list in the JSON file at `path` (created on the first `add`)."""
 
     def __init__(
-        self, path: Path | str, *, clock: Callable[[], datetime] = utc_now, modes: FileModes = OWNER_ONLY
+        self,
+        path: Path | str,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        modes: FileModes = OWNER_ONLY,
+        order_dependent: bool = True,
     ) -> None:
         self.path = Path(path)
+        self.order_dependent = order_dependent
+        """Quarantine order-dependent tests too (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``)."""
         self._clock = clock
         self.modes = modes
         """The store's (`FileModes.of`): owner-only unless the store is shared."""
@@ -84,10 +98,12 @@ class Quarantine:
         evidence: QuarantineEvidence,
         reason: str,
         issue_url: str | None = None,
+        polluters: Sequence[str] = (),
     ) -> ReportRef:
         """Quarantine a failure, or refresh its entry: new evidence and reason, the bundle added.
 
         `issue_url` links the issue or report that explains it; None keeps the entry's link.
+        `polluters` name the tests an order-dependent failure needs to run first.
         """
         check_fingerprint(fingerprint)
         with self._locked():
@@ -102,6 +118,7 @@ class Quarantine:
                 evidence=evidence,
                 reason=reason,
                 issue_url=issue_url,
+                polluters=polluters,
                 now=self._clock(),
             )
             self._save(doc.with_entry(entry))

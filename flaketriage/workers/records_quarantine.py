@@ -6,6 +6,8 @@ way (`refreshed_entry`), kept as rows so that workers on many machines share one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import select
 
 from flaketriage.quarantine import QuarantineEntry, QuarantineEvidence, refreshed_entry
@@ -17,9 +19,13 @@ from flaketriage.workers.report.base import ReportRef, check_fingerprint
 class RecordsQuarantine:
     """A `QuarantineWriter` on the records; entries name `case_id` when given."""
 
-    def __init__(self, database: Database, case_id: int | None = None) -> None:
+    def __init__(
+        self, database: Database, case_id: int | None = None, *, order_dependent: bool = True
+    ) -> None:
         self.database = database
         self.case_id = case_id
+        self.order_dependent = order_dependent
+        """Quarantine order-dependent tests too (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``)."""
 
     def add(
         self,
@@ -31,6 +37,7 @@ class RecordsQuarantine:
         evidence: QuarantineEvidence,
         reason: str,
         issue_url: str | None = None,
+        polluters: Sequence[str] = (),
     ) -> ReportRef:
         check_fingerprint(fingerprint)
         now = utc_now()
@@ -49,6 +56,7 @@ class RecordsQuarantine:
                 evidence=evidence,
                 reason=reason,
                 issue_url=issue_url,
+                polluters=polluters,
                 now=now,
             )
             data = entry.model_dump(mode="json")

@@ -39,7 +39,7 @@ from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_po
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
 from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
-from flaketriage.workers.report.render import render_issue
+from flaketriage.workers.report.render import order_command, render_issue
 from flaketriage.workers.sandbox import Sandbox
 from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy, VerdictResult
 
@@ -464,7 +464,9 @@ def report(
     key: str | None = None,
 ) -> ReportRef | None:
     """An issue for a deterministic, order-dependent or environment-specific failure (labelled
-    ``suspected-environment``), a quarantine entry for a flaky one.
+    ``suspected-environment``), a quarantine entry for a flaky one. An order-dependent test whose
+    polluters were found is quarantined too, naming them and linking its issue, unless the writer's
+    `order_dependent` (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``) is off; the issue is returned.
 
     `key` is the report's idempotency key (the triage's identity): reporting the same triage again
     (a retried task) counts no second occurrence on the issue.
@@ -474,7 +476,20 @@ def report(
         return None  # its verdict is a guess: the budget stopped it first
     issue_verdicts = (Verdict.DETERMINISTIC, Verdict.ORDER_DEPENDENT, Verdict.ENVIRONMENT_SPECIFIC)
     if v.verdict in issue_verdicts and sink is not None:
-        return sink.upsert(_draft(store, manifest, result, tail_lines, key))
+        ref = sink.upsert(_draft(store, manifest, result, tail_lines, key))
+        search = result.polluter_search if result.polluters else None
+        if search is not None and quarantine is not None and quarantine.order_dependent:
+            quarantine.add(
+                manifest.failure.fingerprint,
+                test_id=manifest.failure.test_id,
+                command=order_command(manifest.failure.test_id or shell_join(manifest.command.argv), search),
+                bundle_id=result.bundle_id,
+                evidence=evidence_of(v),
+                reason=f"order_dependent: {search.cause()}",
+                issue_url=ref.location,
+                polluters=search.polluters,
+            )
+        return ref
     if v.verdict is Verdict.FLAKY and quarantine is not None:
         # A flaky verdict files no issue, but one opened earlier for this failure explains it: it
         # gets the flaky evidence and label, and the quarantine entry links it.

@@ -39,6 +39,8 @@ class Upkeep:
         with self.db.session() as session:
             for row in session.scalars(select(QuarantineRow)).all():
                 entry = QuarantineEntry.model_validate(row.entry)
+                if entry.evidence.verdict == Verdict.ORDER_DEPENDENT:
+                    continue  # it passes alone, fixed or not: an isolated rerun would lift it wrongly
                 store_url = self._store_of(session, entry.bundle_id)
                 _, sent = self.env.dispatcher.request(
                     session,

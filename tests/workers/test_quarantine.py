@@ -8,16 +8,20 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 import flaketriage
+from flaketriage.ci.quarantine_list import describe
 from flaketriage.errors import ReportError
-from flaketriage.manifest import Manifest
-from flaketriage.quarantine import FailureRate, QuarantineEvidence
+from flaketriage.manifest import Command, Failure, Manifest
+from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEvidence
+from flaketriage.settings import Settings
 from flaketriage.store import MemoryStore
+from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.quarantine import Quarantine, evidence_of
 from flaketriage.workers.report import IssueDraft, MemoryIssueSink, ReportRef
 from flaketriage.workers.triage import TriageResult, report
@@ -234,3 +238,83 @@ def test_a_flaky_verdict_links_the_issue_opened_earlier(
     linked = q.get(fp)
     assert linked is not None and linked.issue_url == MemoryIssueSink.location_for(fp)
     assert linked.occurrences == 2
+
+
+# -- order-dependent tests ------------------------------------------------------------------------
+VICTIM = "tests/test_cache.py::test_reads_empty"
+POLLUTER = "tests/test_warm.py::test_fills_cache"
+
+
+def _order_dependent(manifest: Manifest, search: PolluterSearch | None) -> TriageResult:
+    verdict = VerdictResult(
+        verdict=Verdict.ORDER_DEPENDENT,
+        decided=True,
+        replays=5,
+        reproductions=0,
+        passes=5,
+        different=0,
+        rate=RateInterval(estimate=0.0, low=0.0, high=0.522),
+    )
+    return TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, polluter_search=search)
+
+
+FOUND = PolluterSearch(
+    preceding=8, reproduced_in_order=True, polluters=(POLLUTER,), confirmations=4, confirm_runs=4
+)
+
+
+@pytest.fixture
+def victim(make_manifest: Callable[..., Manifest]) -> Manifest:
+    return make_manifest(
+        command=Command(argv=("python", "-m", "pytest", VICTIM), cwd="/work/project"),
+        failure=Failure(kind="test", test_id=VICTIM, fingerprint=FP, signature="AssertionError|test_cache"),
+    )
+
+
+def test_an_order_dependent_victim_is_quarantined_with_its_polluters_named(
+    tmp_path: Path, victim: Manifest
+) -> None:
+    q, sink = Quarantine(tmp_path / "q.json"), MemoryIssueSink()
+    ref = report(MemoryStore(), victim, _order_dependent(victim, FOUND), sink, q)
+    assert ref is not None and ref.location == MemoryIssueSink.location_for(FP)  # the issue, as before
+    entry = q.get(FP)
+    assert entry is not None and entry.test_id == VICTIM and entry.polluters == (POLLUTER,)
+    assert (
+        entry.reason
+        == f"order_dependent: passes alone; fails after {POLLUTER} (polluter: it leaves state behind)"
+    )
+    assert entry.command == f"python -m pytest -p no:randomly {POLLUTER} {VICTIM}"
+    assert entry.issue_url == MemoryIssueSink.location_for(FP) and entry.evidence.verdict == "order_dependent"
+    # What the pytest plugin shows beside the QUARANTINED test: the polluter, and the issue.
+    assert POLLUTER in describe(entry) and MemoryIssueSink.location_for(FP) in describe(entry)
+
+
+def test_the_team_can_turn_off_quarantining_order_dependent_tests(tmp_path: Path, victim: Manifest) -> None:
+    q, sink = Quarantine(tmp_path / "q.json", order_dependent=False), MemoryIssueSink()
+    report(MemoryStore(), victim, _order_dependent(victim, FOUND), sink, q)
+    assert q.get(FP) is None and sink.find(FP) is not None  # the issue still names the polluters
+    assert Settings().quarantine_order_dependent
+    assert not Settings(quarantine_order_dependent="false").quarantine_order_dependent  # type: ignore[arg-type]
+
+
+def test_no_quarantine_without_a_search_and_a_run_twice_test_names_itself(
+    tmp_path: Path, victim: Manifest
+) -> None:
+    q = Quarantine(tmp_path / "q.json")
+    report(MemoryStore(), victim, _order_dependent(victim, None), MemoryIssueSink(), q)
+    assert q.get(FP) is None
+    itself = replace(FOUND, polluters=(VICTIM,), itself=True)
+    report(MemoryStore(), victim, _order_dependent(victim, itself), MemoryIssueSink(), q)
+    entry = q.get(FP)
+    assert entry is not None and "fails when run twice in one process" in entry.reason
+    assert entry.command == f"python -m pytest -p no:randomly --count 2 {VICTIM}"
+
+
+def test_a_list_without_polluters_reads_and_writes_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "q.json"
+    add(Quarantine(path), "b1")
+    data = json.loads(path.read_text())
+    assert "polluters" not in data["entries"][FP]  # an older flaketriage (the CI side) reads it
+    assert QuarantineDocument.from_json(path.read_bytes()).entries[FP].polluters == ()
+    add(Quarantine(path), "b2", polluters=[POLLUTER])
+    assert json.loads(path.read_text())["entries"][FP]["polluters"] == [POLLUTER]

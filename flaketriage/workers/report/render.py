@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flaketriage.bundle import describe_failure
 from flaketriage.errors import FlaketriageError
@@ -33,6 +33,9 @@ from flaketriage.workers.polluters import PolluterSearch, repeat_base
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.samplers import summary_lines
 from flaketriage.workers.verdict import VerdictResult
+
+if TYPE_CHECKING:  # triage renders issues with this module: a runtime import would be a cycle
+    from flaketriage.workers.triage import TriageResult
 
 TITLE_PREFIX = "[flaketriage] "
 MAX_TITLE = 120
@@ -61,6 +64,7 @@ _VERDICT_MEANING = {
     "flaky": "reproduces only some of the time under identical replays",
     "not_reproduced": "did not reproduce on replay",
     "different_failure": "replays fail, but not the way the original run did",
+    "environment": "could not be replayed: no replay could run in the bundle's environment",
     "order_dependent": "passes alone and fails only after certain other tests ran first in the same process",
     "environment_specific": "reproduces on some runners and never on others: on the one it was captured on "
     "(or hardware like it), or only away from it",
@@ -181,6 +185,120 @@ def _unmention(text: str, breaker: str = "&#8203;") -> str:
     return _MENTION_RE.sub("@" + breaker, text)
 
 
+# -- the reply ------------------------------------------------------------------------------------
+def render_comment(
+    result: TriageResult, manifest: Manifest | None = None, *, quarantined: bool = False
+) -> str:
+    """The reply on the pull request or issue that asked for a triage: the verdict and its numbers,
+    what was found (the polluters; the rows and arguments minimization kept; the runners), what was
+    filed, and the command that reproduces it. `manifest` (the triaged bundle's) names the test and
+    its command; `quarantined` says an order-dependent test's quarantine entry was written."""
+    v = result.verdict
+    kind = str(v.verdict)
+    test = manifest.failure.test_id if manifest is not None else None
+    subject = (
+        f"{_code(test)} (bundle `{result.bundle_id[:12]}`)" if test else f"bundle `{result.bundle_id[:12]}`"
+    )
+    order = result.polluter_search if result.polluters else None
+    meaning = order.cause() if order is not None else _VERDICT_MEANING.get(kind, kind)
+    lines = [
+        f"**flaketriage**: `{kind}` for {subject}: it {inert(meaning)}.",
+        f"Evidence: {_counts(v, setters=order is not None and order.kind == 'setters')}.",
+    ]
+    lines += _reply_findings(result, manifest, order, quarantined)
+    for finding in result.findings:
+        label = "environment" if finding.kind == "environment" else "different failure"
+        lines.append(f"- {label} ({finding.count}×): {inert(finding.summary)}")
+    if result.report:
+        lines.append(f"Report ({result.report.kind}): {inert(result.report.location)}")
+    return "\n\n".join(lines)  # captured text is inert or in code, where nothing mentions anyone
+
+
+def _reply_findings(
+    result: TriageResult, manifest: Manifest | None, order: PolluterSearch | None, quarantined: bool
+) -> list[str]:
+    """What the reply says the verdict found and did, with the command that shows it."""
+    kind = str(result.verdict.verdict)
+    bundle = result.bundle_id
+    if kind == "order_dependent":
+        return _reply_order(result, manifest, order, quarantined)
+    if kind == "flaky":
+        filed = (
+            "**Quarantined**: it no longer fails builds; the quarantine is lifted when isolated reruns "
+            "show it fixed."
+            if result.report is not None and result.report.kind == "quarantine"
+            else "Not quarantined (no quarantine list is configured here)."
+        )
+        return [filed, "Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
+    if kind == "deterministic":
+        return [*_reply_minimized(result), "Reproduce it:", _fence(_repro_commands(result, manifest), "bash")]
+    if kind == "environment_specific":
+        runners = result.attribution.lines() if result.attribution is not None else []
+        shown = [f"- {inert(_clip(line, MAX_LINE))}" for line in runners]
+        return [
+            "It reproduces only on the original runner or hardware (or only away from it): look at the "
+            "machines, drivers and GPUs before the code.",
+            *(["Replays by runner:", "\n".join(shown)] if shown else []),
+            "Reproduce it (on a runner like the one it failed on):",
+            _fence(_repro_commands(result, manifest), "bash"),
+        ]
+    if kind == "environment":
+        return [
+            "Nothing was decided or filed; the reason is below. Fix the environment (or set "
+            "`FLAKETRIAGE_ENVIRONMENT=worker`) and triage it again:",
+            _fence(f"flaketriage triage {bundle}", "bash"),
+        ]
+    if kind == "not_reproduced":
+        return [
+            f"Nothing was filed: it passed every replay, so its rate is at most "
+            f"{_percent(result.verdict.rate.high)} (95%). A longer telemetry run is the next step:",
+            _fence(f"flaketriage telemetry {bundle}", "bash"),
+        ]
+    return ["Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
+
+
+def _reply_order(
+    result: TriageResult, manifest: Manifest | None, order: PolluterSearch | None, quarantined: bool
+) -> list[str]:
+    if order is None:
+        return ["The tests it needs to run after were not confirmed, so none is named."]
+    victim = (manifest.failure.test_id if manifest is not None else None) or "TEST"
+    if order.itself and order.kind == "polluters":
+        found = ["It fails when run twice in one process: its first run leaves state behind."]
+    else:
+        what = "State-setters (it passes only after them)" if order.kind == "setters" else "Polluters"
+        found = [f"{what}:", "\n".join(f"- {_code(p)}" for p in order.polluters)]
+    found += [
+        "Reproduce it in order:" if order.kind == "polluters" else "It passes with them first, in order:",
+        _fence(order_command(victim, order), "bash"),
+    ]
+    if quarantined:
+        found.append(
+            "**Quarantined** with its polluters named: it no longer fails builds until it is fixed "
+            "(`FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT=false` turns this off)."
+        )
+    return found
+
+
+def _reply_minimized(result: TriageResult) -> list[str]:
+    m = result.minimized
+    if m is None:
+        return [f"Not minimized ({inert(result.minimize_error)})."] if result.minimize_error else []
+    kept = [f"- {_code(path)}: kept {k} of {n}" for path, (k, n) in sorted(m.data.items())]
+    kept += [f"- {_code(flag)}: {_code(a)} → {_code(b)}" for flag, (a, b) in sorted(m.args.items())]
+    if not kept:
+        return [f"Minimal bundle `{m.bundle_id[:12]}`: minimization found nothing to remove."]
+    return [f"Minimal bundle `{m.bundle_id[:12]}` kept only what the failure needs:", "\n".join(kept)]
+
+
+def _repro_commands(result: TriageResult, manifest: Manifest | None) -> str:
+    repro = result.minimized.bundle_id if result.minimized is not None else result.bundle_id
+    commands = [f"flaketriage bundle export {repro} repro && cd repro && bash run.sh"]
+    if manifest is not None:
+        commands.append(f"# or, in a checkout of the commit: {shell_join(manifest.command.argv)}")
+    return "\n".join(commands)
+
+
 # -- sections -------------------------------------------------------------------------------------
 def _percent(value: float) -> str:
     return f"{100 * value:.1f}%"
@@ -274,9 +392,7 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
                 "",
                 "It passes with these tests first, in this order (and fails without them):",
                 "",
-                _fence(
-                    shlex.join(["python", "-m", "pytest", "-p", "no:randomly", *polluters, victim]), "bash"
-                ),
+                _fence(order_command(victim, order, polluters), "bash"),
             ]
         )
     if order is not None and order.itself:
@@ -289,12 +405,7 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
                 "",
                 "Reproduce it by running it twice (with pytest-repeat installed):",
                 "",
-                _fence(
-                    shlex.join(
-                        ["python", "-m", "pytest", "-p", "no:randomly", "--count", "2", repeat_base(victim)]
-                    ),
-                    "bash",
-                ),
+                _fence(order_command(victim, order, polluters), "bash"),
             ]
         )
     return "\n".join(
@@ -308,9 +419,20 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
             "",
             "Reproduce it with exactly these tests, in this order:",
             "",
-            _fence(shlex.join(["python", "-m", "pytest", "-p", "no:randomly", *polluters, victim]), "bash"),
+            _fence(order_command(victim, order, polluters), "bash"),
         ]
     )
+
+
+def order_command(victim: str, order: PolluterSearch | None, polluters: Sequence[str] | None = None) -> str:
+    """The command that shows an order-dependent test's cause, shell-quoted: the polluters (or
+    state-setters) then the victim, in that order with pytest-randomly off, or for a test that fails
+    when run twice, the test twice (pytest-repeat). `polluters` default to the search's."""
+    base = ["python", "-m", "pytest", "-p", "no:randomly"]
+    if order is not None and order.itself and order.kind == "polluters":
+        return shlex.join([*base, "--count", "2", repeat_base(victim)])
+    tests = list(order.polluters if polluters is None and order is not None else polluters or ())
+    return shlex.join([*base, *tests, victim])
 
 
 def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
