@@ -12,6 +12,7 @@ import re
 import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 import annotated_types
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -199,6 +200,13 @@ class Settings(BaseSettings):
     )
     webhook_secret: SecretStr | None = Field(
         default=None, description="Shared secret for the HMAC signature of sent events."
+    )
+    service_url: str | None = Field(
+        default=None,
+        description="The service's base URL (`https://host`), whose API `flaketriage cases` reads (with "
+        "the API token when set); with neither it nor the events endpoint set, `cases` reads the "
+        "embedded database. Default: the origin of FLAKETRIAGE_NOTIFY_URL (`https://host/v1/events` → "
+        "`https://host`; a path before `/v1/events` is kept).",
     )
     outbox_dir: Path | None = Field(
         default=None,
@@ -410,6 +418,16 @@ class Settings(BaseSettings):
             raise ValueError("must be owner/name, as in https://github.com/owner/name (e.g. acme/models)")
         return value
 
+    @field_validator("service_url")
+    @classmethod
+    def _service_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip().rstrip("/")
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError("must be the service's http(s) base URL, such as https://flaketriage.acme.dev")
+        return value
+
     @field_validator("github_api_url")
     @classmethod
     def _github_api_url(cls, value: str) -> str:
@@ -452,6 +470,21 @@ class Settings(BaseSettings):
         if self.broker_url:
             return self.broker_url
         return "sqla+sqlite:///" + str(self._beside_store(None, "broker.db", "broker_url").absolute())
+
+    def resolved_service_url(self) -> str | None:
+        """The service `flaketriage cases` reads: the setting, else the base of the events endpoint
+        (``https://host/v1/events`` → ``https://host``: its origin, and a path prefix the service sits
+        under); None when neither is set (the embedded database is read instead)."""
+        if self.service_url:
+            return self.service_url
+        if not self.notify_url:
+            return None
+        parts = urlsplit(self.notify_url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return None  # not a URL the CLI can read from; `notify` and `doctor` say what is wrong
+        path = parts.path.rstrip("/")
+        prefix = path.removesuffix("/v1/events") if path.endswith("/v1/events") else ""
+        return f"{parts.scheme}://{parts.netloc}{prefix}"
 
     def resolved_allowed_stores(self) -> list[str]:
         return list(self.allowed_stores) if self.allowed_stores is not None else [self.store]

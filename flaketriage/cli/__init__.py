@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from flaketriage import __version__, interrupts
-from flaketriage.cli import bundles, doctor, garbage, notify, run, service, telemetry
+from flaketriage.cli import bundles, cases, doctor, garbage, notify, run, service, telemetry
 from flaketriage.cli.console import Commands, err, labelled
 from flaketriage.errors import FlaketriageError
 
@@ -21,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(bundles.app, name="bundle")
+app.add_typer(cases.app, name="cases")
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
 app.command()(run.triage)
 app.command()(telemetry.telemetry)
