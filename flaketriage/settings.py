@@ -62,12 +62,14 @@ class Settings(BaseSettings):
     )
     issues_dir: Path | None = Field(
         default=None,
-        description="Where Markdown issues are written (set it when the store is not a directory). "
-        "Default: `<store>/issues`.",
+        description="Where Markdown issues are written. A store that is not a directory (`s3://`) has "
+        "none: the service needs it set; `flaketriage triage` and `telemetry` write under the working "
+        "directory's `.flaketriage/issues` and say so in a `note:` line. Default: `<store>/issues`.",
     )
     quarantine_file: Path | None = Field(
         default=None,
-        description="The quarantine list (JSON; set it when the store is not a directory). "
+        description="The quarantine list (JSON). For a store that is not a directory, as above: "
+        "`.flaketriage/quarantine.json` under the working directory for `triage` and `telemetry`. "
         "Default: `<store>/quarantine.json`.",
     )
     quarantine_order_dependent: bool = Field(
