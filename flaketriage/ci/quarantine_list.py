@@ -1,7 +1,7 @@
 """The quarantine list as the CI side reads it: the file, or the service's current list.
 
 Both are a `flaketriage.quarantine.QuarantineDocument`, the document the workers write. The
-service's list (``GET <quarantine_url>``, fetched with httpx) is asked for in every session that
+service's list (``GET <quarantine_url>``, standard library client) is asked for in every session that
 needs it, conditionally: the copy cached in the store as ``quarantine-cache.json`` is named by its
 ETag (``If-None-Match``), and the service answers ``304 Not Modified`` while it is current, so a
 test quarantined since the last run is quarantined in this one. The cache is used only when the
@@ -76,25 +76,32 @@ def fetch_url(
     cannot hold the session). `headers` go with the request (credentials, say): pass
     ``functools.partial(fetch_url, headers=...)`` as `load_quarantine`'s ``fetch``.
     """
-    import httpx  # only when the service is asked: a file-based list never pays for it
+    # The standard library's client: a pytest session asks this once, and importing httpx would
+    # cost it more than the request (bench/quarantine_fetch.py).
+    import http.client
+    import urllib.error
+    import urllib.request
 
     deadline = time.monotonic() + timeout_s
     sent = {"Accept": "application/json", "User-Agent": f"flaketriage/{__version__}", **(headers or {})}
     if etag:
         sent["If-None-Match"] = etag
     try:
-        with httpx.stream("GET", url, headers=sent, timeout=timeout_s, follow_redirects=True) as response:
-            if response.status_code == 304:
-                return Answer(None, response.headers.get("etag") or etag)
-            if not response.is_success:
-                raise OSError(f"HTTP {response.status_code}")
+        request = urllib.request.Request(url, headers=sent, method="GET")
+        if request.type not in ("http", "https"):
+            raise OSError(f"not an http(s) URL: {url}")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             chunks = []
-            for chunk in response.iter_bytes():
+            while chunk := response.read1(65536):  # what has come: read() would wait for all
                 chunks.append(chunk)
                 if time.monotonic() > deadline:
                     raise OSError(f"the answer took longer than {timeout_s:g} s")
             return Answer(b"".join(chunks), response.headers.get("etag"))
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+    except urllib.error.HTTPError as exc:
+        if exc.code == 304:  # urllib reads a 304 as an error: here it is the answer
+            return Answer(None, exc.headers.get("etag") or etag)
+        raise OSError(f"HTTP {exc.code}") from exc
+    except (urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
         raise OSError(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
 
 

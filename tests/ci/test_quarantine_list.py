@@ -345,9 +345,9 @@ def test_fetch_url_turns_http_errors_and_refusals_into_oserror(
     dead = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     port = dead.server_address[1]
     dead.server_close()
-    with pytest.raises(OSError, match="ConnectError"):
+    with pytest.raises(OSError, match="Connection refused"):
         fetch_url(f"http://127.0.0.1:{port}/v1/quarantine", 5.0)
-    with pytest.raises(OSError, match="UnsupportedProtocol"):
+    with pytest.raises(OSError, match="not an http"):
         fetch_url("ftp://example.invalid/q", 5.0)
 
 
