@@ -31,6 +31,7 @@ from flaketriage.ci.outbox import FlushResult, Outbox, Refusal
 from flaketriage.ci.provenance import detect_provenance
 from flaketriage.errors import EventRefusedError, NotifyError, StoreError
 from flaketriage.events import FailureEvent, StoreLocation
+from flaketriage.file_modes import FileModes
 from flaketriage.manifest import Provenance
 from flaketriage.settings import Settings
 from flaketriage.signing import signed_headers
@@ -286,7 +287,7 @@ class Notifier:
         return cls(
             url or settings.notify_url or "",
             secret or None,  # an empty secret (a fork's pull request in GitHub Actions) is no secret
-            Outbox(settings.resolved_outbox_dir()),
+            Outbox(settings.resolved_outbox_dir(), modes=FileModes.of(settings.store_shared)),
             timeout_s=timeout_s,
             retries=retries,
             backoff_s=backoff_s,

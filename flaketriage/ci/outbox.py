@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import EventRefusedError, NotifyError, StoreNotWritableError
 from flaketriage.events import FailureEvent
+from flaketriage.file_modes import OWNER_ONLY, FileModes
 
 _HOLD_FILE = ".hold-until"
 
@@ -66,8 +67,10 @@ class FlushResult:
 class Outbox:
     """Pending events in one directory (created on first write)."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, *, modes: FileModes = OWNER_ONLY) -> None:
         self.directory = Path(directory)
+        self.modes = modes
+        """The store's (`FileModes.of`): an event quotes the failure, owner-only unless shared."""
 
     def path_of(self, event_id: str) -> Path:
         return self.directory / f"{event_id}.json"
@@ -76,7 +79,8 @@ class Outbox:
         """Queue `event` (idempotent: the same event id is one file)."""
         final = self.path_of(event.event_id)
         try:
-            write_atomic(final, event.body())
+            self.modes.make_dirs(self.directory)
+            write_atomic(final, event.body(), mode=self.modes.file)
         except OSError as exc:
             raise StoreNotWritableError(
                 f"cannot queue event {event.event_id} in the outbox {self.directory} "
@@ -158,7 +162,8 @@ class Outbox:
     def hold(self, seconds: float, now: float | None = None) -> None:
         until = (time.time() if now is None else now) + seconds
         with contextlib.suppress(OSError):
-            write_atomic(self.directory / _HOLD_FILE, repr(until).encode())
+            self.modes.make_dirs(self.directory)
+            write_atomic(self.directory / _HOLD_FILE, repr(until).encode(), mode=self.modes.file)
 
     def release(self) -> None:
         with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ from pathlib import Path
 from flaketriage import __version__
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import QuarantineError
+from flaketriage.file_modes import FileModes
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.settings import Settings
 
@@ -164,7 +165,7 @@ def _from_service(
         return _fallback(settings, url, f"quarantine service {url} {problem} ({exc})", cached, now())
     notes: list[str] = []
     try:
-        _write_cache(cache_path, url, _Cached(document, etag, now()))
+        _write_cache(cache_path, url, _Cached(document, etag, now()), FileModes.of(settings.store_shared))
     except OSError as exc:
         notes.append(f"cannot cache the quarantine list in {cache_path} ({exc})")
     return QuarantineList(document, source), notes
@@ -211,7 +212,7 @@ def _read_cache(path: Path, url: str) -> _Cached | None:
         return None  # no usable cache is the same as none
 
 
-def _write_cache(path: Path, url: str, cached: _Cached) -> None:
+def _write_cache(path: Path, url: str, cached: _Cached, modes: FileModes) -> None:
     doc = {
         "url": url,
         "etag": cached.etag,
@@ -219,4 +220,5 @@ def _write_cache(path: Path, url: str, cached: _Cached) -> None:
         "list": cached.document.model_dump(mode="json"),
     }
     # Unsynced: a cache lost in a crash costs one full answer next time, and a 304 rewrites it.
-    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), fsync=False)
+    modes.make_dirs(path.parent)
+    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), mode=modes.file, fsync=False)

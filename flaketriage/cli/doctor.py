@@ -140,9 +140,10 @@ def _local_store(root: Path, setting: str) -> Check:
 
 def check_outbox(settings: Settings) -> Check:
     from flaketriage.ci.outbox import Outbox
+    from flaketriage.file_modes import FileModes
 
     try:
-        outbox = Outbox(settings.resolved_outbox_dir())
+        outbox = Outbox(settings.resolved_outbox_dir(), modes=FileModes.of(settings.store_shared))
     except ConfigError as exc:
         status: Status = "problem" if settings.notify_url else "off"
         return Check("outbox", status, str(exc), "FLAKETRIAGE_OUTBOX_DIR")

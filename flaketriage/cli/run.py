@@ -148,7 +148,7 @@ def triage(
     ] = None,
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
-    from flaketriage.store.local import FileModes
+    from flaketriage.file_modes import FileModes
     from flaketriage.workers.quarantine import Quarantine
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.report.backend import open_issue_sink

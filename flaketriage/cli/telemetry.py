@@ -58,7 +58,7 @@ def telemetry(
 ) -> None:
     """Replay a bundle (one that did not reproduce) longer, sampling CPU, memory and GPUs; profile it."""
     from flaketriage.bundle import load_manifest
-    from flaketriage.store.local import FileModes
+    from flaketriage.file_modes import FileModes
     from flaketriage.workers.quarantine import Quarantine
     from flaketriage.workers.replay import ReplayContext, Replayer
     from flaketriage.workers.report.backend import open_issue_sink

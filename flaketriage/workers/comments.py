@@ -15,8 +15,8 @@ from typing import Protocol
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import ReportError
 from flaketriage.file_lock import locked
+from flaketriage.file_modes import OWNER_ONLY, FileModes
 from flaketriage.settings import Settings
-from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import ReportRef
 
 

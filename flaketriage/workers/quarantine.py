@@ -15,6 +15,7 @@ from typing import Protocol
 
 from flaketriage.atomic import write_atomic
 from flaketriage.errors import QuarantineError, ReportError
+from flaketriage.file_modes import OWNER_ONLY, FileModes
 from flaketriage.quarantine import (
     FailureRate,
     QuarantineDocument,
@@ -22,7 +23,6 @@ from flaketriage.quarantine import (
     QuarantineEvidence,
     refreshed_entry,
 )
-from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import ReportRef, check_fingerprint, report_lock, utc_now
 from flaketriage.workers.verdict import VerdictResult
 

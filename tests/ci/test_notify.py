@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -29,8 +31,10 @@ from flaketriage.ci.notify import (
     send_or_queue,
     unsent_bundles,
 )
+from flaketriage.ci.outbox import Outbox
 from flaketriage.errors import EventRefusedError, NotifyError
 from flaketriage.events import FailureEvent, StoreLocation
+from flaketriage.file_modes import FileModes
 from flaketriage.manifest import Provenance
 
 if TYPE_CHECKING:
@@ -284,6 +288,25 @@ def test_outbox_put_is_atomic_and_idempotent(project: Project) -> None:
     assert path.read_bytes() == event.body()
     assert sorted(p.name for p in outbox.directory.iterdir()) == [path.name]
     assert outbox.pending() == [event]
+
+
+@pytest.mark.parametrize(("shared", "file_mode", "dir_mode"), [(False, 0o600, 0o700), (True, 0o640, 0o2770)])
+def test_the_outbox_has_the_stores_modes_whatever_the_umask(
+    project: Project, tmp_path: Path, shared: bool, file_mode: int, dir_mode: int
+) -> None:
+    # An event quotes the failure (message, command, paths): it is no more public than the store.
+    outbox = Outbox(tmp_path / "outbox", modes=FileModes.of(shared))
+    old = os.umask(0o022)
+    try:
+        path = outbox.put(_event(project))
+        outbox.hold(60)
+    finally:
+        os.umask(old)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in outbox.directory.iterdir()} == {
+        path.name: file_mode,
+        ".hold-until": file_mode,
+    }
+    assert stat.S_IMODE(outbox.directory.stat().st_mode) == dir_mode
 
 
 def test_outbox_flush_goes_on_past_a_rejected_event_and_stops_when_unreachable(project: Project) -> None:

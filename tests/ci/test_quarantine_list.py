@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -369,3 +371,17 @@ def test_node_ids_are_written_relative_to_where_pytest_ran(
     invocation: str, nodeid: str, expected: str
 ) -> None:
     assert nodeid_relative_to(Path(invocation), Path("/r"))(nodeid) == expected
+
+
+@pytest.mark.parametrize(("shared", "file_mode", "dir_mode"), [(False, 0o600, 0o700), (True, 0o640, 0o2770)])
+def test_the_cache_has_the_stores_modes_whatever_the_umask(
+    tmp_path: Path, shared: bool, file_mode: int, dir_mode: int
+) -> None:
+    old = os.umask(0o022)  # the usual one: it would let the list and its URL be read by anyone
+    try:
+        store = tmp_path / "store"
+        load_quarantine(_settings(store, quarantine_url=URL, store_shared=shared), store, fetch=Service())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((store / CACHE_NAME).stat().st_mode) == file_mode
+    assert stat.S_IMODE(store.stat().st_mode) == dir_mode

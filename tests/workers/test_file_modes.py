@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from flaketriage.file_modes import OWNER_ONLY, FileModes
 from flaketriage.quarantine import FailureRate, QuarantineEvidence
 from flaketriage.records import Database
 from flaketriage.records.database import create_sqlite_file
 from flaketriage.settings import Settings
-from flaketriage.store.local import OWNER_ONLY, FileModes
 from flaketriage.workers.comments import MarkdownCommenter, open_commenter
 from flaketriage.workers.quarantine import Quarantine
 from flaketriage.workers.report.backend import open_issue_sink

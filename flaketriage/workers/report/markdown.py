@@ -13,7 +13,7 @@ from pathlib import Path
 
 from flaketriage import atomic
 from flaketriage.errors import ReportError
-from flaketriage.store.local import OWNER_ONLY, FileModes
+from flaketriage.file_modes import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import (
     IssueDraft,
     IssueRecord,
