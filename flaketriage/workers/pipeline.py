@@ -46,7 +46,7 @@ from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.records_quarantine import RecordsQuarantine
-from flaketriage.workers.replay import ReplayContext, Replayer
+from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.report import IssueSink
 from flaketriage.workers.report.render import evidence_line, render_comment
 from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
@@ -130,6 +130,16 @@ class WorkerEnv:
     def close(self) -> None:
         while self._replayers:
             self._replayers.popitem()[1].close()
+
+
+def rerun_order(work: Work, manifest: Manifest) -> Variant | None:
+    """The order an isolation rerun replays an order-dependent test in (`Upkeep.schedule_reruns`):
+    after the polluters its triage found, as it failed; None for a rerun of the captured run."""
+    polluters = work.options.get("polluters") if work.options.get("order") == "after" else None
+    target = OrderTarget.of(manifest) if polluters else None
+    if target is None or not isinstance(polluters, list):
+        return None
+    return target.variant_with([str(t) for t in polluters])
 
 
 def replay_queue(manifest: Manifest) -> Queue:
@@ -507,7 +517,7 @@ class Pipeline:
                         store, replayer, policy, interval_s=settings.telemetry_interval_s
                     ).run()
                 else:
-                    verdict, findings = decide(replayer, policy)
+                    verdict, findings = decide(replayer, policy, variant=rerun_order(work, manifest))
                     result = TriageResult(bundle_id=manifest.bundle_id, verdict=verdict, findings=findings)
             outgoing: list[Outgoing | None] = []
             with self.db.session() as session:

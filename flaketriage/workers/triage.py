@@ -186,10 +186,18 @@ ProgressFn = Callable[[str, int, int], None]
 class SequentialReplays:
     """Isolated replays fed to the sequential test; `run` can stop early and be resumed."""
 
-    def __init__(self, replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None) -> None:
+    def __init__(
+        self,
+        replayer: Replayer,
+        policy: VerdictPolicy,
+        progress: ProgressFn | None = None,
+        variant: Variant | None = None,
+    ) -> None:
         self.replayer = replayer
         self.policy = policy
         self.progress = progress
+        self.variant = variant
+        """How every replay differs from the captured run (None: it is the captured run)."""
         self.test = SequentialTest(policy)
         self._findings: dict[str, Finding] = {}
         self.hang: str | None = None
@@ -222,7 +230,7 @@ class SequentialReplays:
                 return  # the budget is spent: the test stays undecided, with the counts so far
             if self.progress:
                 self.progress("replaying", self.test.replays, self.policy.max_replays)
-            result = self.replayer.run()
+            result = self.replayer.run() if self.variant is None else self.replayer.run(self.variant)
             if result.outcome is Outcome.DIFFERENT and result.failure is not None:
                 self._note(result.failure)
             elif result.outcome is Outcome.ENVIRONMENT and result.reason:
@@ -255,10 +263,14 @@ class SequentialReplays:
 
 
 def decide(
-    replayer: Replayer, policy: VerdictPolicy, progress: ProgressFn | None = None
+    replayer: Replayer,
+    policy: VerdictPolicy,
+    progress: ProgressFn | None = None,
+    variant: Variant | None = None,
 ) -> tuple[VerdictResult, list[Finding]]:
-    """Replay until the sequential test decides (or `policy.max_replays` runs)."""
-    replays = SequentialReplays(replayer, policy, progress)
+    """Replay until the sequential test decides (or `policy.max_replays` runs), each replay the
+    captured run or, given `variant`, that change to it."""
+    replays = SequentialReplays(replayer, policy, progress, variant)
     replays.run()
     return replays.test.result(), replays.findings
 

@@ -39,8 +39,12 @@ class Upkeep:
         with self.db.session() as session:
             for row in session.scalars(select(QuarantineRow)).all():
                 entry = QuarantineEntry.model_validate(row.entry)
+                options: dict[str, object] = {"fingerprint": row.fingerprint}
                 if entry.evidence.verdict == Verdict.ORDER_DEPENDENT:
-                    continue  # it passes alone, fixed or not: an isolated rerun would lift it wrongly
+                    order = self._order_of(session, row.case_id)
+                    if order is None:
+                        continue  # no triage says which order fails: a rerun alone could lift it wrongly
+                    options.update(order)
                 store_url = self._store_of(session, entry.bundle_id)
                 _, sent = self.env.dispatcher.request(
                     session,
@@ -50,11 +54,33 @@ class Upkeep:
                     case_id=row.case_id,
                     bundle_id=entry.bundle_id,
                     store_url=store_url,
-                    options={"fingerprint": row.fingerprint},
+                    options=options,
                 )
                 outgoing.append(sent)
         self.env.dispatcher.send(outgoing)
         return sum(1 for o in outgoing if o is not None)
+
+    @staticmethod
+    def _order_of(session: Session, case_id: int | None) -> dict[str, object] | None:
+        """How the rerun of an order-dependent test asks whether it is fixed, from its latest
+        triage's search: a victim (or a test that fails run twice) is replayed after its polluters,
+        as it failed, since alone it passes fixed or not; a brittle test is replayed alone, as it
+        failed (its state-setters are what it passes after). None when no triage recorded one."""
+        if case_id is None:
+            return None
+        works = session.scalars(
+            select(Work)
+            .where(Work.case_id == case_id, Work.step == Step.TRIAGE.value, Work.result.is_not(None))
+            .order_by(Work.id.desc())
+            .limit(5)
+        ).all()
+        for work in works:
+            search = (work.result or {}).get("polluter_search")
+            if isinstance(search, dict) and search.get("polluters"):
+                if search.get("kind") == "setters":
+                    return {"order": "alone"}
+                return {"order": "after", "polluters": [str(t) for t in search["polluters"]]}
+        return None
 
     def schedule_telemetry(self) -> int:
         """One telemetry run per `not_reproduced` case and triage generation."""

@@ -1,22 +1,31 @@
-"""The service's quarantine of order-dependent tests: rows that name the polluters, and no isolation
-reruns for them (a victim passes alone whether or not it is fixed, so a rerun would lift it wrongly)."""
+"""The service's quarantine of order-dependent tests: rows that name the polluters, and isolation
+reruns that replay a victim after them (alone it passes whether or not it is fixed, so a rerun alone
+would lift it wrongly); an entry no triage explains gets none."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from flaketriage.bundle import list_bundles
 from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.quarantine import FailureRate, QuarantineEntry, QuarantineEvidence
-from flaketriage.records import Database, QuarantineRow
+from flaketriage.records import Database, QuarantineRow, Work
 from flaketriage.settings import load_settings
+from flaketriage.store import LocalStore
+from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.pipeline import WorkerEnv
 from flaketriage.workers.records_quarantine import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.upkeep import Upkeep
+from tests.workers.service_world import make_world
 
 POLLUTER = "tests/test_warm.py::test_fills_cache"
 
@@ -39,7 +48,7 @@ def database(tmp_path: Path) -> Iterator[Database]:
     db.dispose()
 
 
-def test_records_keep_the_polluters_and_reruns_skip_order_dependent_entries(
+def test_records_keep_the_polluters_and_reruns_skip_an_order_no_triage_found(
     tmp_path: Path, database: Database
 ) -> None:
     quarantine = RecordsQuarantine(database)
@@ -79,3 +88,84 @@ def test_records_keep_the_polluters_and_reruns_skip_order_dependent_entries(
         assert Upkeep(env).schedule_reruns() == 1  # the flaky one only
     finally:
         env.close()
+
+
+POLLUTER_SUITE = {
+    "test_a.py": (
+        "import json\n"
+        "def test_fills_cache():\n"
+        "    with open('settings.json', 'w') as f:\n"
+        "        json.dump({'mode': 'debug'}, f)\n"
+    ),
+    "test_z.py": (
+        "import json, os\n"
+        "def test_reads_clean_state():\n"
+        "    exists = os.path.exists('settings.json')\n"
+        "    mode = json.load(open('settings.json'))['mode'] if exists else 'release'\n"
+        "    assert mode == 'release', f'unexpected mode {mode!r}'\n"
+    ),
+}
+FIXED_POLLUTER = "def test_fills_cache():\n    pass\n"
+
+
+def _git(project: Path, *args: str) -> None:
+    author = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", *author, *args], cwd=project, check=True, capture_output=True, timeout=60)
+
+
+def _captured_victim(project: Path, store: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "PYTEST_"))}
+    env.pop("CI", None)
+    # Only flaketriage's plugin: the others installed here take seconds to load in every replay.
+    env.update(FLAKETRIAGE_STORE=str(store), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    argv = [sys.executable, "-m", "pytest", "-p", "flaketriage", "--flaketriage", "-p", "no:cacheprovider"]
+    run = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 1, run.stdout + run.stderr
+    (bundle,) = list_bundles(LocalStore(store))
+    return bundle.id
+
+
+def test_an_order_dependent_victim_is_rerun_after_its_polluters_and_lifted_once_they_are_fixed(
+    tmp_path: Path,
+) -> None:
+    world = make_world(tmp_path, [RunnerIdentity(host="ci-1")], max_flaky_rate=0.2)
+    try:
+        project = tmp_path / "suite"
+        project.mkdir()
+        for name, text in POLLUTER_SUITE.items():
+            (project / name).write_text(text)
+        (project / ".gitignore").write_text(".flaketriage/\n__pycache__/\nsettings.json\n")
+        _git(project, "init", "-q", "-b", "main")
+        _git(project, "add", ".")
+        _git(project, "commit", "-qm", "suite")
+        case_id = world.announce(_captured_victim(project, world.store.root))
+        world.drive()
+        assert world.case(case_id).verdict == "order_dependent"
+        with world.database.session() as s:
+            (row,) = s.scalars(select(QuarantineRow)).all()
+            fingerprint = row.fingerprint
+            assert QuarantineEntry.model_validate(row.entry).polluters == ("test_a.py::test_fills_cache",)
+        upkeep = Upkeep(world.envs[0])
+
+        assert upkeep.schedule_reruns() == 1  # replayed after its polluter, as it failed
+        world.drive()
+        with world.database.session() as s:
+            assert s.get(QuarantineRow, fingerprint) is not None  # still fails after it: kept
+
+        (project / "test_a.py").write_text(FIXED_POLLUTER)
+        _git(project, "commit", "-qam", "the polluter cleans up")
+        for env in world.envs:  # the next rerun period
+            env.settings = env.settings.model_copy(update={"rerun_every_s": 1e-3})
+        assert upkeep.schedule_reruns() == 1
+        world.drive()
+        with world.database.session() as s:
+            assert s.get(QuarantineRow, fingerprint) is None
+            reruns = s.scalars(select(Work).where(Work.step == "rerun").order_by(Work.id)).all()
+            assert [w.result["state"] for w in reruns if w.result] == [
+                "still deterministic",
+                "fixed: quarantine lifted",
+            ]
+            assert all(w.options["polluters"] == ["test_a.py::test_fills_cache"] for w in reruns)
+        assert world.case(case_id).status == "fixed"
+    finally:
+        world.close()
