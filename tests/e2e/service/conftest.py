@@ -254,7 +254,10 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, redis: Redis, postgres: tuple[str, TcpProxy]
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis: Redis,
+    postgres: tuple[str, TcpProxy],
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("service")
     database_url, proxy = postgres
@@ -276,6 +279,8 @@ def stack(
         FLAKETRIAGE_REPLAY_BATCH="4",
         PYTHONUNBUFFERED="1",
     )
+    # A module may tune the service for its own programs (smaller policies: fewer replays).
+    env.update(getattr(request.module, "STACK_SETTINGS", {}))
     (root / "project").mkdir()
     stack = Stack(root=root, env=env, port=port, redis=redis, proxy=proxy)
     stack.start()
