@@ -353,3 +353,37 @@ def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "problem" not in doctor.stdout
     assert re.search(r"ok\s+quarantine", doctor.stdout), doctor.stdout
+
+
+README = Path(__file__).parents[3] / "README.md"
+
+
+def production_setup() -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("### Production set-up")
+    return text[start : text.index("\n### ", start + 1)]
+
+
+def test_the_production_set_up_names_only_real_settings_and_commands() -> None:
+    from flaketriage.settings import Settings, env_var
+
+    section = production_setup()
+    named = set(re.findall(r"\bFLAKETRIAGE_[A-Z0-9_]+", section))
+    assert named - {env_var(field) for field in Settings.model_fields} == set()
+    # The day above runs with the settings the section tells CI and the service to set.
+    assert {"FLAKETRIAGE_STORE", "FLAKETRIAGE_ALLOWED_STORES", "FLAKETRIAGE_QUARANTINE_URL"} <= named
+    commands = set(re.findall(r"`flaketriage ([a-z]+)", section)) | set(
+        re.findall(r"^\s*flaketriage ([a-z]+)", section, re.MULTILINE)
+    )
+    assert commands >= {"serve", "worker", "beat", "doctor", "cases"}, commands
+    for command in sorted(commands):
+        done = subprocess.run(
+            [sys.executable, "-m", "flaketriage", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"flaketriage {command}: {done.stderr}"
+    for flag in re.findall(r"flaketriage worker (--queues \S+)", section):
+        assert set(flag.split()[1].split(",")) <= {"cpu", "gpu", "report"}, flag
