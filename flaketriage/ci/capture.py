@@ -95,17 +95,20 @@ class CheckedData:
 def validate_data(request: CaptureRequest) -> list[CheckedData]:
     """Read every ``--data`` input through before the command runs (format, readability, items),
     so a typo or a broken file costs nothing. Raises `DatasetError`."""
+    return [check_data(raw, request.cwd) for raw in request.data]
+
+
+def check_data(raw: Path, cwd: Path, rel: str | None = None) -> CheckedData:
+    """Read one declared input through (format, readability, items); `rel` is where a replay
+    restores it, relative to `cwd` (default: where it is). Raises `DatasetError`."""
     from flaketriage.datasets import count_items, detect_format
 
-    checked: list[CheckedData] = []
-    for raw in request.data:
-        path = raw if raw.is_absolute() else request.cwd / raw
-        if not path.exists():
-            raise DatasetError(f"--data {raw}: no such file or directory (looked in {request.cwd})")
-        rel = relative_to_cwd(path, request.cwd)
-        fmt = detect_format(path)
-        checked.append(CheckedData(path, rel, fmt, count_items(path, fmt)))
-    return checked
+    path = raw if raw.is_absolute() else cwd / raw
+    if not path.exists():
+        raise DatasetError(f"--data {raw}: no such file or directory (looked in {cwd})")
+    rel = relative_to_cwd(path, cwd) if rel is None else rel
+    fmt = detect_format(path)
+    return CheckedData(path, rel, fmt, count_items(path, fmt))
 
 
 def _warn_on_stderr(message: str) -> None:
@@ -186,19 +189,20 @@ def _run_env(env: Mapping[str, str], timeout_s: float | None) -> dict[str, str]:
 
 
 def _store_inputs(store: Store, data: Sequence[CheckedData], cwd: Path) -> tuple[DataInput, ...]:
-    stored = []
-    for checked in data:
-        try:
-            stored.append(
-                store_data_input(store, checked.path, checked.rel, items=checked.items, workspace=cwd)
-            )
-        except OSError as exc:
-            raise DatasetError(
-                f"cannot store data input {checked.path} before running the command "
-                f"({exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}); make it "
-                "readable and the store writable, or leave it out of --data"
-            ) from exc
-    return tuple(stored)
+    return tuple(store_checked(store, checked, cwd) for checked in data)
+
+
+def store_checked(store: Store, checked: CheckedData, workspace: Path) -> DataInput:
+    """Store an input `check_data` read through (streamed); links in a directory may point
+    anywhere inside `workspace`. Raises `DatasetError`."""
+    try:
+        return store_data_input(store, checked.path, checked.rel, items=checked.items, workspace=workspace)
+    except OSError as exc:
+        raise DatasetError(
+            f"cannot store data input {checked.path} before running the command "
+            f"({exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}); make it "
+            "readable and the store writable, or leave it out of --data"
+        ) from exc
 
 
 def _put_back_collected(store: Store, data: Sequence[CheckedData], inputs: tuple[DataInput, ...]) -> None:

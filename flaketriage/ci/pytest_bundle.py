@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from flaketriage.ci.capture import record_failure
 from flaketriage.ci.source import SourceLimits, SourcePlan, plan_source
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
-from flaketriage.manifest import PytestContext
+from flaketriage.manifest import DataInput, PytestContext
 from flaketriage.settings import Settings
 from flaketriage.store import open_store
 
@@ -105,6 +105,8 @@ class FailedTest:
     """Seconds from the session's start to the end of this test."""
     annotations: Mapping[str, Any] = field(default_factory=dict)
     """Free-form extras for the manifest's ``annotations``."""
+    data: Sequence[DataInput] = ()
+    """The data the test declared, already stored (`flaketriage.ci.pytest_data`)."""
 
 
 def rerun_argv(nodeid: str, facts: SessionFacts) -> list[str]:
@@ -272,4 +274,5 @@ class SessionCapture:
             timeout_s=max(60.0, 10 * duration),
             env=env,
             plan=self.plan(),
+            data=failure.data,
         )

@@ -3,12 +3,13 @@
 Enabled by ``--flaketriage``, the ini option ``flaketriage = true`` or ``FLAKETRIAGE_PYTEST=1``, and
 never inside a replay (``FLAKETRIAGE_REPLAY=1``). Then every failing test becomes a bundle (the
 command that reruns it alone, seeds, output, traceback, and the tests that ran before it in this
-process); a failing test on the quarantine list is reported as quarantined and does not fail the
-session; and the session ends with one summary line.
+process, and the data it declared: `flaketriage.ci.pytest_data`); a failing test on the quarantine
+list (fetched at session start when it comes from the service) is reported as quarantined and does
+not fail the session; and the session ends with one summary line.
 
-Only pytest, the standard library and `flaketriage.replay_env` (standard library only) are imported
-here. The capture code (pydantic, the store) is imported at the first failure, so a passing suite
-pays one list append per test.
+Only pytest, the standard library, `flaketriage.replay_env` and `flaketriage.ci.pytest_data`
+(standard library only) are imported here. The capture code (pydantic, the store) is imported
+at the first failure, so a passing suite pays one list append per test.
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from flaketriage.ci.pytest_data import INI, MARKER, MARKER_HELP, BuiltData
 from flaketriage.replay_env import in_replay
 
 if TYPE_CHECKING:
     from flaketriage.ci.pytest_bundle import SessionCapture
     from flaketriage.ci.quarantine_list import QuarantineList
+    from flaketriage.manifest import DataInput
     from flaketriage.settings import Settings
 
 ENABLE_ENV = "FLAKETRIAGE_PYTEST"
+QUARANTINE_URL_ENV = "FLAKETRIAGE_QUARANTINE_URL"
 QUARANTINED = "quarantined"
+BUILT_DATA = pytest.StashKey[BuiltData]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,6 +56,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "./.flaketriage).",
     )
     parser.addini("flaketriage", type="bool", default=False, help="Enable the flaketriage plugin.")
+    parser.addini(
+        INI,
+        type="linelist",
+        default=[],
+        help="Data files, directories or globs (relative to the rootdir) every test reads: stored in "
+        "the bundle of each failure and minimized, as `flaketriage capture --data` does.",
+    )
 
 
 def enabled(config: pytest.Config, environ: Mapping[str, str] = os.environ) -> bool:
@@ -62,8 +74,18 @@ def enabled(config: pytest.Config, environ: Mapping[str, str] = os.environ) -> b
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_HELP)  # also on when off: --strict-markers suites
     if enabled(config):
         config.pluginmanager.register(FlaketriageSession(config), "flaketriage-session")
+
+
+@pytest.fixture
+def flaketriage_data(request: pytest.FixtureRequest) -> BuiltData:
+    """Declare data the test builds: ``path = flaketriage_data.add(written)``, then read ``path``
+    (inside a replay, the captured and maybe minimized copy)."""
+    built = BuiltData(request.node.nodeid, request.config.invocation_params.dir)
+    request.node.stash[BUILT_DATA] = built
+    return built
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,9 @@ class FlaketriageSession:
         self.errors: list[str] = []
         """Refusals that retrying cannot fix, each naming the setting to change: the last lines."""
         self._failed: dict[str, list[pytest.TestReport]] = {}
+        self._data: dict[str, tuple[DataInput, ...]] = {}
+        """node id → the data it declared, stored at its first failing report."""
+        self._by_id: dict[str, pytest.Item] | None = None
         self._settings: Settings | None = None
         self._capture: SessionCapture | None = None
         self._quarantine: QuarantineList | None = None
@@ -161,6 +186,9 @@ class FlaketriageSession:
         if getattr(report, "node", None) is not None:
             return  # a pytest-xdist worker's report, already handled in that worker
         if report.failed:
+            if report.nodeid not in self._failed:
+                # Before its fixtures are torn down: a test's own temporary data is still there.
+                self._store_data(report.nodeid)
             self._failed.setdefault(report.nodeid, []).append(report)
             self._check_quarantine(report)
         if report.when == "teardown":
@@ -169,6 +197,15 @@ class FlaketriageSession:
             if failed:
                 self._record(rel, failed)
             self.ran.append(rel)
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # The service's list is asked for once, at the start, whether or not a test fails: a
+        # conditional request (ETag), so an unchanged list costs a 304 (`quarantine_list`).
+        if os.environ.get(QUARANTINE_URL_ENV, "").strip():
+            try:
+                self._quarantine_list()
+            except Exception as exc:  # the quarantine list must never fail the run
+                self.notes.append(f"cannot load the quarantine list: {type(exc).__name__}: {exc}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = session.items  # their ids are written out at the first failure, not here
@@ -298,12 +335,39 @@ class FlaketriageSession:
                 following=self._following(rel),
                 elapsed_s=time.monotonic() - self.started,
                 annotations=annotations,
+                data=self._data.pop(reports[0].nodeid, ()),
             )
             bundle_id = self._capturer().capture(failure)
         except Exception as exc:  # a capture problem must never fail the run
             self.notes.append(f"could not capture {rel}: {type(exc).__name__}: {exc}")
             return
         self.captured.append(Captured(rel, bundle_id, quarantined))
+
+    def _store_data(self, nodeid: str) -> None:
+        """Store the data the test declared (marker, ini option, fixture), as ``capture --data``
+        stores its inputs; what cannot be taken is a warning, never a failed run."""
+        try:
+            from flaketriage.ci.pytest_data import declared_data, store_declared
+
+            if self._by_id is None:
+                self._by_id = {item.nodeid: item for item in self._items}
+            item = self._by_id.get(nodeid)
+            built = item.stash.get(BUILT_DATA, None) if item is not None else None
+            declared, notes = declared_data(
+                marker_paths=[a for m in item.iter_markers(MARKER) for a in m.args] if item else [],
+                ini_patterns=self.config.getini(INI),
+                added=built.added if built is not None else (),
+                rootdir=self.config.rootpath,
+                invocation_dir=self.config.invocation_params.dir,
+            )
+            if declared:
+                stored, more = store_declared(
+                    self._capturer().store, declared, self.config.invocation_params.dir
+                )
+                self._data[nodeid], notes = stored, notes + more
+        except Exception as exc:  # declared data must never fail the run
+            notes = [f"could not store the data of {self.relative(nodeid)}: {type(exc).__name__}: {exc}"]
+        self.notes += notes
 
     @staticmethod
     def _sender() -> Any:

@@ -645,6 +645,28 @@ def test_quarantine_from_the_service_then_from_its_cache_when_unreachable(
     bare.stdout.fnmatch_lines(["*2 failed, 1 passed*"])
 
 
+@pytest.mark.usefixtures("only_our_plugin")
+def test_the_service_list_is_fetched_at_session_start_even_when_no_test_fails(
+    pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch, service: _QuarantineService
+) -> None:
+    # The test itself finds the cached list: it was fetched before any test ran.
+    pytester.makepyfile(test_ok="import os\ndef test_ok():\n    assert os.path.isfile(os.environ['CACHE'])\n")
+    monkeypatch.setenv("CACHE", str(store_dir / "quarantine-cache.json"))
+    monkeypatch.setenv("FLAKETRIAGE_QUARANTINE_URL", service.url)
+    monkeypatch.setenv("FLAKETRIAGE_QUARANTINE_FETCH_TIMEOUT_S", "2")
+    assert run(pytester, store_dir).ret == 0
+    assert service.answered == [200]
+    assert run(pytester, store_dir).ret == 0
+    assert service.answered == [200, 304]  # conditional: the cached copy is still current
+
+    service.stop()
+    down = run(pytester, store_dir)
+    assert down.ret == 0  # a service that does not answer never fails the run
+    down.stdout.fnmatch_lines(
+        ["*warning: quarantine service * unreachable (*); using the cached list from *"]
+    )
+
+
 # -- sending ---------------------------------------------------------------------------------------
 def test_each_captured_bundle_is_handed_to_the_sender(
     pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch
