@@ -45,6 +45,7 @@ from flaketriage.workers.cost import CostMeter, PhaseCost, TriageCost
 from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
 from flaketriage.workers.polluters import OrderTarget
+from flaketriage.workers.progress import TriageProgress, replay_summary
 from flaketriage.workers.records_quarantine import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.report import IssueSink
@@ -242,12 +243,16 @@ class Pipeline:
     def _triage_in_order(self, work: Work, manifest: Manifest) -> str:
         """A test that recorded the tests run before it may be order-dependent: the whole triage,
         with its polluter search, runs here in one task (the search is sequential by nature)."""
+        policy = self.env.policy()
+        progress = TriageProgress(
+            self.db, work.id, planned=policy.max_replays, runner=self.env.runner, worker=self.env.worker
+        )
         with Heartbeat(self.db, work.id):
             result = triage(
                 self.env.store(str(work.store_url), writable=True),
                 manifest.bundle_id,
                 sandbox=self.env.sandbox,
-                policy=self.env.policy(),
+                policy=policy,
                 sink=None,
                 quarantine=None,
                 context=self.env.context,
@@ -255,6 +260,8 @@ class Pipeline:
                 default_timeout_s=self.env.settings.replay_timeout_s,
                 memory_mb=self.env.settings.replay_memory_mb,
                 budget_s=self.env.settings.triage_budget_s,
+                progress=progress.message,
+                on_replay=progress.replay,
             )
         with self.db.session() as session:
             record_replay(session, self.env.identity, replays=result.verdict.replays)
@@ -324,13 +331,7 @@ class Pipeline:
                 .values(
                     outcome=str(outcome),
                     fingerprint=failure.fingerprint if failure else None,
-                    summary=(
-                        result.reason  # why the bundle's environment cannot be had on this runner
-                        if outcome is Outcome.ENVIRONMENT
-                        else _summary(failure)
-                        if outcome is Outcome.DIFFERENT or _hung(failure)
-                        else None
-                    ),
+                    summary=replay_summary(result),
                     duration_s=duration,
                     cpu_s=cost.cpu_s if cost is not None else None,
                     gpu_s=cost.gpu_s if cost is not None else None,
@@ -720,26 +721,11 @@ def _findings(rows: Any) -> list[Finding]:
     return list(found.values())
 
 
-def _hung(failure: Any) -> bool:
-    return failure is not None and failure.kind == "timeout" and bool(failure.traceback)
-
-
 def _hang(rows: Any) -> str | None:
     """Where the replays hung, from the rows' summaries: a reproduction's first, else any's."""
     hung = [r for r in rows if r.summary and r.outcome in (Outcome.REPRODUCED, Outcome.DIFFERENT)]
     hung = [r for r in hung if r.outcome == Outcome.REPRODUCED] or hung
     return hung[0].summary if hung and hung[0].fingerprint else None
-
-
-def _summary(failure: Any) -> str | None:
-    if failure is None:
-        return None
-    text = (
-        f"{failure.exception_type}: {failure.message}"
-        if failure.exception_type
-        else (failure.detail or failure.kind)
-    )
-    return str(text)[:500]
 
 
 def _follow(session: Session, leader: Case) -> None:

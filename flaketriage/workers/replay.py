@@ -200,6 +200,9 @@ class Replayer:
             """The GPUs each run is given: the runner's, for a bundle captured on GPUs."""
             self.meter: CostMeter | None = None
             """Counts each run's cost into a triage's phase and refuses a run past its budget."""
+            self.on_run: Callable[[str, ReplayResult], None] | None = None
+            """Told of every run with the phase it counts in (the meter's, else ``verdict``): the
+            service records each replay of a triage that runs in one task as it ends."""
         except BaseException:
             self.close()  # a bundle that cannot be materialized leaves nothing behind
             raise
@@ -332,10 +335,16 @@ class Replayer:
 
     # -- one run --------------------------------------------------------------------------------
     def run(self, variant: Variant | None = None) -> ReplayResult:
-        """One replay in a private copy of the workspace.
+        """One replay in a private copy of the workspace, told to `on_run` once it is over.
 
         Raises `BudgetSpentError` instead when `meter` says the triage's budget is spent.
         """
+        result = self._run(variant)
+        if self.on_run is not None:
+            self.on_run(self.meter.phase if self.meter is not None else "verdict", result)
+        return result
+
+    def _run(self, variant: Variant | None) -> ReplayResult:
         if self.environment_error is not None:
             return self._no_environment()
         if self.meter is not None:

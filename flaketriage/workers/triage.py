@@ -37,7 +37,7 @@ from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
 from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
-from flaketriage.workers.replay import ReplayContext, Replayer, Variant
+from flaketriage.workers.replay import ReplayContext, Replayer, ReplayResult, Variant
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
 from flaketriage.workers.report.render import order_command, render_issue
 from flaketriage.workers.sandbox import Sandbox
@@ -384,6 +384,7 @@ def triage(
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
     progress: ProgressFn | None = None,
     budget_s: float | None = None,
+    on_replay: Callable[[str, ReplayResult], None] | None = None,
 ) -> TriageResult:
     """The whole loop for one bundle.
 
@@ -394,7 +395,7 @@ def triage(
     (``FLAKETRIAGE_OUTPUT_TAIL_LINES``) is how much of stderr an issue shows. `budget_s`
     (``FLAKETRIAGE_TRIAGE_BUDGET_S``) caps the CPU plus GPU seconds of its replays
     (`flaketriage.workers.cost`): spent before the verdict is decided, it ends undecided and
-    reports nothing.
+    reports nothing. `on_replay` is told of every replay as it ends, with its phase.
     """
     manifest = load_manifest(store, ident)
     bundle_id = manifest.bundle_id
@@ -410,6 +411,7 @@ def triage(
         # Runs outside the sequential test's own loop (it counts its "verdict" runs itself) and
         # before minimization are the order search's.
         meter = replayer.meter = CostMeter(budget_s, replayer.gpus)
+        replayer.on_run = on_replay
         meter.phase = "order"
         replays = SequentialReplays(replayer, policy, progress)
         target = OrderTarget.of(manifest)
