@@ -121,10 +121,40 @@ class TriageCostView(PhaseCostView):
     phases: dict[str, PhaseCostView]
 
 
+class ProgressView(BaseModel):
+    """How far the case's work under way is (None on a case with none under way)."""
+
+    step: str
+    """``verdict`` (the sequential test's replays), ``order search`` (looking for the tests that
+    make it fail), ``minimize``, ``report``, ``telemetry`` or ``rerun``."""
+    replays_done: int
+    """Replays of its latest triage that have ended."""
+    replays_planned: int
+    """Replays sent so far (a batch in flight), or, for a triage that runs in one task (an
+    order-dependent test's), the most its sequential test may run; never below ``replays_done``."""
+    work_id: int
+    """The work row (``triage_runs[].id``) the step is."""
+
+
+class CaseLink(BaseModel):
+    """Another case about the same CI run: a failed workflow run or check and the failures captured in it."""
+
+    id: int
+    kind: str
+    title: str
+    run_url: str
+    """The run (``https://<host>/<owner>/<repo>/actions/runs/<id>``) both name."""
+
+
 class CaseDetail(CaseSummary):
     evidence: dict[str, Any] | None
     cost: TriageCostView | None = None
     """What its latest triage cost: CPU, GPU and wall seconds of the replays, by phase."""
+    progress: ProgressView | None = None
+    """While work on it runs: the step and the replays done and planned."""
+    linked_cases: list[CaseLink] = Field(default_factory=list)
+    """Cases about the same CI run: for a failed run, the failures captured in it; for a captured
+    failure, the run (workflow run, check run) it failed in."""
     occurrence_list: list[OccurrenceView]
     triage_runs: list[WorkView]
 

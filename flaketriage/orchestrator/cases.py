@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -11,10 +12,12 @@ from flaketriage.orchestrator.api_models import (
     CaseDetail,
     CaseSummary,
     OccurrenceView,
+    ProgressView,
     ReplayView,
     TriageCostView,
     WorkView,
 )
+from flaketriage.orchestrator.run_links import linked_cases
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, Work
 
@@ -48,6 +51,8 @@ class CaseQuery:
                 **summary(case).model_dump(),
                 evidence=case.evidence,
                 cost=_cost(case.evidence),
+                progress=progress_of(case.work_rows),
+                linked_cases=linked_cases(session, case),
                 occurrence_list=[
                     OccurrenceView(
                         source=o.source,
@@ -90,6 +95,33 @@ class CaseQuery:
                     for w in case.work_rows
                 ],
             )
+
+
+UNDER_WAY = ("queued", "running", "waiting")
+"""Work statuses of a step not over (``waiting``: a triage whose replays are out)."""
+_STEPS = {"triage": "verdict"}
+"""The step a work row is, where its name is not the step's (a triage is the verdict's replays)."""
+
+
+def progress_of(works: Sequence[Work]) -> ProgressView | None:
+    """How far the latest step under way is: its name (the one a triage that runs in one task
+    recorded, else the work's), and the replays of the latest triage done and planned."""
+    active = [w for w in works if w.status in UNDER_WAY and w.step != "replay"]
+    if not active:
+        return None
+    work = active[-1]
+    triages = [w for w in works if w.step == "triage" and w.id <= work.id]
+    replays = triages[-1].replays if triages else []
+    done = sum(1 for r in replays if r.outcome is not None)
+    recorded = (work.result or {}).get("progress") if work.status == "running" else None
+    recorded = recorded if isinstance(recorded, dict) else {}
+    planned = recorded.get("planned")
+    return ProgressView(
+        step=str(recorded.get("step") or _STEPS.get(work.step, work.step)),
+        replays_done=done,
+        replays_planned=max(len(replays), done, planned if isinstance(planned, int) else 0),
+        work_id=work.id,
+    )
 
 
 def _cost(evidence: dict[str, Any] | None) -> TriageCostView | None:

@@ -1,7 +1,8 @@
 """GitHub webhooks: failed workflow runs and check runs, labelled issues and ``/flaketriage`` comments.
 
 * ``workflow_run`` / ``check_run`` completed with conclusion ``failure`` open or update a case for the
-  workflow (or check) in that repository; an occurrence records the run (head SHA, URL, attempt).
+  workflow (or check) in that repository; an occurrence records the run (head SHA, URL, attempt);
+  a check run's ``run_url`` is the Actions run its ``details_url`` names, when it names one.
   Each ``flaketriage-bundle: <id>`` line in a check run's ``output.summary`` or ``output.text``
   starts a triage of that bundle.
 * ``issues`` labelled ``flaketriage`` triage the bundles the issue names, and
@@ -22,6 +23,7 @@ from typing import Any
 
 from flaketriage.orchestrator.intake import Sighting
 from flaketriage.orchestrator.payloads import Parsed, field_of
+from flaketriage.orchestrator.run_links import run_url
 from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
 
 LABEL = "flaketriage"
@@ -84,13 +86,17 @@ def _check_run(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
     repo = field_of(payload, "repository.full_name")
     name = field_of(check, "name")
     output = check.get("output") if isinstance(check.get("output"), dict) else {}
+    html = field_of(check, "html_url", required=False)
+    details = field_of(check, "details_url", required=False)
     provenance = {
         "ci_provider": "github-checks",
         "repository": repo,
         "check": name,
         "head_sha": field_of(check, "head_sha"),
-        "run_url": field_of(check, "html_url", required=False)
-        or field_of(check, "details_url", required=False),
+        # The Actions run the check is a job of (its details_url names it), as captured failures
+        # name their run: what links them (`flaketriage.orchestrator.run_links`).
+        "run_url": run_url(details, html) or html or details,
+        "check_url": html,
         "check_run_id": field_of(check, "id", int),
     }
     parsed = Parsed(
