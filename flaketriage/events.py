@@ -104,6 +104,11 @@ class FailureEvent(_Model):
     kind: Literal["failure.captured"] = "failure.captured"
     bundle_id: str = Field(pattern=r"^[0-9a-f]{64}$")
     fingerprint: str = Field(min_length=1, max_length=128)
+    """What the bundle's replays are matched against."""
+    identity: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The key of the failure's case where it is not `fingerprint` (`Failure.identity`: a pytest
+    test's exception through its code path). Left out of the body while None, so an event without
+    one is the same bytes an earlier release sent and read."""
     failure: FailureSummary
     command: tuple[OsStr, ...]
     """The command that reruns the failure (argv, secrets already redacted by the capture)."""
@@ -120,6 +125,7 @@ class FailureEvent(_Model):
         return cls(
             bundle_id=manifest.bundle_id,
             fingerprint=manifest.failure.fingerprint,
+            identity=manifest.failure.identity,
             failure=FailureSummary.of(manifest.failure),
             command=manifest.command.argv,
             store=store,
@@ -128,6 +134,12 @@ class FailureEvent(_Model):
 
     def body(self) -> bytes:
         """The request body: canonical JSON (sorted keys, no whitespace, UTF-8)."""
-        return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        data = self.model_dump(mode="json")
+        if data["identity"] is None:
+            del data["identity"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @property
+    def case_identity(self) -> str:
+        """The key of the failure's case: `identity`, else `fingerprint`."""
+        return self.identity or self.fingerprint

@@ -76,6 +76,9 @@ class FailureInfo:
     earlier_signatures: tuple[str, ...] = ()
     """This failure's signature as earlier releases wrote it, where that differs: a bundle captured
     by one of them still matches its replays (`as_of`)."""
+    identity: str | None = None
+    """The key of its case where that is not `fingerprint` (`Failure.identity`): a pytest test's
+    exception through its code path (`exception_identity`)."""
 
     def as_of(self, fingerprint: str) -> FailureInfo | None:
         """This failure under the signature whose hash is `fingerprint` (a bundle's): itself, or
@@ -101,6 +104,7 @@ class FailureInfo:
             fingerprint=self.fingerprint,
             signature=self.signature,
             duration_s=duration_s,
+            identity=self.identity,
         )
 
 
@@ -437,3 +441,15 @@ def fingerprint_exception(
     )
     info = _python_info(error, [r for r in roots if r], 1, None)
     return dataclasses.replace(info, traceback=None, exit_code=None)
+
+
+def exception_identity(
+    exception_type: str, message: str, frames: Sequence[tuple[str, str]], roots: Sequence[str]
+) -> str | None:
+    """The case identity of a failing test: the fingerprint `fingerprint_exception` gives its
+    exception through `frames` (the test function's on), so the failure is one case with a Sentry
+    event or a captured program that raised it the same way. None when nothing identifies it
+    (no exception type, no frames): then the fingerprint stands for it."""
+    if not exception_type or not frames:
+        return None
+    return fingerprint_exception(exception_type, message, frames, _expand_roots(roots)).fingerprint

@@ -25,7 +25,11 @@ from flaketriage.errors import BundleError
 from flaketriage.os_strings import OsStr
 
 SCHEMA_VERSION = 3
-ADDED_IN_SCHEMA_3: tuple[tuple[str, str], ...] = (("pytest", "following"), ("seeds", "drawn"))
+ADDED_IN_SCHEMA_3: tuple[tuple[str, str], ...] = (
+    ("pytest", "following"),
+    ("seeds", "drawn"),
+    ("failure", "identity"),
+)
 """Fields added while the schema stayed at 3: the stored form leaves each out while it is empty, so
 a manifest written before it existed re-encodes to its own id."""
 MAX_NESTING = 64
@@ -220,6 +224,17 @@ class Failure(_Model):
     signature: str
     """The normalized text the fingerprint hashes, kept so people can read what matched."""
     duration_s: float = 0.0
+    identity: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """What makes this failure one case with the same failure from any source (`case_identity`):
+    for a pytest test, the fingerprint of its exception through its code path, in the space of a
+    captured program's and a Sentry event's (`flaketriage.fingerprint.fingerprint_exception`).
+    None where it is the fingerprint itself (every other failure, and bundles written before it)."""
+
+    @property
+    def case_identity(self) -> str:
+        """The key of this failure's case: its `identity`, else its fingerprint. The fingerprint
+        stays what replays are matched against (a pytest replay has only its output to go by)."""
+        return self.identity or self.fingerprint
 
 
 class DataInput(_Listing):

@@ -16,8 +16,8 @@ locked, and a storm candidate outside it is only read).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,8 +38,10 @@ _STATE = (
     Case.last_triage_at,
     Case.occurrences,
     Case.last_seen,
+    Case.identity,
 )
-"""The columns of a case the rules read; all but the first three may change."""
+"""The columns of a case the rules read; all but the first three may change (the identity only from
+None or the fingerprint, to the one a sighting brings: `CaseBatch.load`)."""
 
 
 @dataclass(eq=False)
@@ -56,6 +58,7 @@ class CaseRow:
     last_triage_at: datetime | None
     occurrences: int
     last_seen: datetime
+    identity: str | None
     stored: dict[str, Any] | None = field(default=None, repr=False)
     """`changes()` as the database holds them; None while the case is not written yet."""
 
@@ -82,16 +85,31 @@ class CaseRow:
             "last_triage_at": self.last_triage_at,
             "occurrences": self.occurrences,
             "last_seen": self.last_seen,
+            "identity": self.identity,
         }
+
+    def adopts(self, identity: str) -> bool:
+        """Whether this case, found by its fingerprint, takes `identity` as its own: only while it
+        has none but its fingerprint (recorded before identities, or by a sighting without one)."""
+        return self.identity in (None, self.fingerprint) and identity != self.fingerprint
 
 
 # Built once per dialect: building and compiling a statement anew costs more than running it.
+_IN_BATCH = {
+    name: identity_in | fingerprint_in
+    for (name, identity_in), fingerprint_in in zip(
+        one_of(Case.identity, "identities").items(),
+        one_of(Case.fingerprint, "fingerprints").values(),
+        strict=True,
+    )
+}
+"""A case the batch sights: by its identity, or (recorded before it had one) by its fingerprint."""
 _LOCK_CASES = {
     name: select(*_STATE)
-    .where(fingerprint_in)
+    .where(in_batch)
     .order_by(Case.id)
     .with_for_update()  # SQLite has no row locks: BEGIN IMMEDIATE keeps other writers out already
-    for name, fingerprint_in in one_of(Case.fingerprint, "fingerprints").items()
+    for name, in_batch in _IN_BATCH.items()
 }
 _READ_CASES = {name: select(*_STATE).where(id_in) for name, id_in in one_of(Case.id, "ids").items()}
 _FIRST_LEADERS = {
@@ -110,18 +128,28 @@ _FIRST_LEADERS = {
     )
     for (name, cause_in), batch_in in zip(
         one_of(Case.cause_key, "causes").items(),
-        one_of(Case.fingerprint, "fingerprints").values(),
+        # A case without an identity (written outside the intake) is keyed by its fingerprint: so a
+        # NULL identity is never "not in the batch" by default.
+        (
+            identity_in | fingerprint_in
+            for identity_in, fingerprint_in in zip(
+                one_of(func.coalesce(Case.identity, Case.fingerprint), "identities").values(),
+                one_of(Case.fingerprint, "fingerprints").values(),
+                strict=True,
+            )
+        ),
         strict=True,
     )
 }
-"""Per cause, the first case outside the batch (not one of its fingerprints) that leads a storm
-since ``since``."""
+"""Per cause, the first case outside the batch (found by none of its identities or fingerprints)
+that leads a storm since ``since``."""
 _RESERVE_IDS = (
-    "SELECT nextval(pg_get_serial_sequence('cases', 'id')) FROM unnest(%(fingerprints)s::text[]) AS f(fp)"
-    " WHERE NOT EXISTS (SELECT 1 FROM cases WHERE cases.fingerprint = f.fp)"
+    "SELECT nextval(pg_get_serial_sequence('cases', 'id'))"
+    " FROM unnest(%(identities)s::text[], %(fingerprints)s::text[]) AS f(identity, fp)"
+    " WHERE NOT EXISTS (SELECT 1 FROM cases WHERE cases.identity = f.identity OR cases.fingerprint = f.fp)"
 )
-"""PostgreSQL: an id for each fingerprint that has no case yet (taken from the table's sequence, as
-an INSERT would), so the new cases are written without waiting for their ids."""
+"""PostgreSQL: an id for each failure that has no case yet (taken from the table's sequence, as an
+INSERT would), so the new cases are written without waiting for their ids."""
 _MORE_IDS = "SELECT nextval(pg_get_serial_sequence('cases', 'id')) FROM generate_series(1, %(n)s)"
 
 
@@ -136,6 +164,12 @@ class NewCase:
     test_id: str | None
     job: str | None
     repository: str | None
+    identity: str | None = None
+    """What the case is found by (`Sighting.case_identity`); None: its fingerprint."""
+
+    @property
+    def key(self) -> str:
+        return self.identity or self.fingerprint
 
 
 @dataclass
@@ -144,7 +178,7 @@ class CaseBatch:
 
     now: datetime
     sighted: dict[str, CaseRow]
-    """By fingerprint, in the order they were first sighted."""
+    """By case identity (`Sighting.case_identity`), in the order they were first sighted."""
     by_id: dict[int, CaseRow]
     """The sighted cases and the others the rules may read (leaders), by id (provisional or not)."""
     new: dict[int, NewCase]
@@ -167,32 +201,33 @@ class CaseBatch:
         *,
         along: Sequence[Query] = (),
     ) -> tuple[CaseBatch, list[list[tuple[Any, ...]]]]:
-        """The cases of the failures in `first` (what each is created with, if new), locked; with
+        """The cases of the failures in `first` (by case identity: what each is created with, if new),
+        locked; with
         the leaders they follow, and the storm candidates outside the batch within `storm_window`.
         The reads go in one round trip (`fetch_together`), after `along`, whose rows come back too."""
         if not first:
             return cls(now=now, sighted={}, by_id={}, new={}), fetch_together(conn, along)
         dialect = conn.dialect.name
-        fingerprints = {"fingerprints": sorted(first)}
+        fingerprints = _keys(first, [made.fingerprint for made in first.values()])
         causes = sorted({made.cause_key for made in first.values() if made.cause_key is not None})
         reads = [Query(_LOCK_CASES[dialect], fingerprints)]
         leaders = storm_window > timedelta(0) and bool(causes)
         if leaders:
-            reads.append(Query(_FIRST_LEADERS[dialect], _candidates(causes, first, now - storm_window)))
+            since = now - storm_window
+            reads.append(Query(_FIRST_LEADERS[dialect], {"causes": causes, "since": since} | fingerprints))
         reserve = dialect == "postgresql"
         if reserve:
-            reads.append(Query(_RESERVE_IDS, fingerprints))
+            identities = list(first)
+            reads.append(
+                Query(
+                    _RESERVE_IDS,
+                    {"identities": identities, "fingerprints": [first[i].fingerprint for i in identities]},
+                )
+            )
         answers = fetch_together(conn, [*along, *reads])
         given, answers = answers[: len(along)], answers[len(along) :]
-        found = {case.fingerprint: case for case in map(CaseRow.of, answers[0])}
         new: dict[int, NewCase] = {}
-        sighted: dict[str, CaseRow] = {}
-        for fingerprint, made in first.items():
-            case = found.get(fingerprint)
-            if case is None:
-                case = _provisional(-1 - len(new), made, now)
-                new[case.id] = made
-            sighted[fingerprint] = case
+        sighted = _match(list(map(CaseRow.of, answers[0])), first, now, new)
         batch = cls(now=now, sighted=sighted, by_id={c.id: c for c in sighted.values()}, new=new)
         followed = {c.storm_of for c in sighted.values() if c.storm_of is not None} - batch.by_id.keys()
         if followed:  # a storm's follower sighted again: its leader, read now
@@ -214,7 +249,8 @@ class CaseBatch:
         missing = sorted(self.by_cause.keys() - asked)
         if missing:  # a case stored with another cause than its sighting's: asked for now
             since = self.now - storm_window
-            query = Query(_FIRST_LEADERS[conn.dialect.name], _candidates(missing, self.sighted, since))
+            keys = _keys(self.sighted, [c.fingerprint for c in self.sighted.values()])
+            query = Query(_FIRST_LEADERS[conn.dialect.name], {"causes": missing, "since": since} | keys)
             rows = rows + fetch_together(conn, [query])[0]
         for row in rows:
             leader = self.by_id.setdefault(row[0], CaseRow.of(row))
@@ -258,6 +294,7 @@ class CaseBatch:
             rows.append(
                 {
                     "fingerprint": made.fingerprint,
+                    "identity": made.key,
                     "cause_key": made.cause_key,
                     "kind": made.kind,
                     "title": made.title,
@@ -304,9 +341,36 @@ class CaseBatch:
         update_rows(conn, Case, [c.changes() for c in self.sighted.values() if c.changes() != c.stored])
 
 
-def _candidates(causes: Sequence[str], fingerprints: Mapping[str, Any], since: datetime) -> dict[str, Any]:
-    """The parameters of `_FIRST_LEADERS`."""
-    return {"causes": list(causes), "fingerprints": sorted(fingerprints), "since": since}
+def _keys(identities: Iterable[str], fingerprints: Iterable[str]) -> dict[str, list[str]]:
+    """The parameters that name the batch's cases (`_IN_BATCH`): its identities and fingerprints."""
+    return {"identities": sorted(identities), "fingerprints": sorted(set(fingerprints))}
+
+
+def _match(
+    found: Sequence[CaseRow], first: Mapping[str, NewCase], now: datetime, new: dict[int, NewCase]
+) -> dict[str, CaseRow]:
+    """The case of each failure in `first` (by case identity, in order), from the cases `found`:
+    the one with its identity, else the one with its fingerprint (which adopts the identity while
+    it has none of its own), else one made now (provisional, with what it is made with in `new`).
+    Two failures of one fingerprint with two identities share the fingerprint's case: a case has
+    one fingerprint, the first bundle's its replays match."""
+    by_identity = {case.identity: case for case in found if case.identity is not None}
+    by_fingerprint = {case.fingerprint: case for case in found}
+    sighted: dict[str, CaseRow] = {}
+    for identity, made in first.items():
+        case = by_identity.get(identity) or by_fingerprint.get(made.fingerprint)
+        if case is None:
+            case = _provisional(-1 - len(new), made, now)
+            new[case.id] = made
+            by_fingerprint[made.fingerprint] = case
+        elif case.identity != identity and case.adopts(identity):
+            by_identity.pop(case.identity or "", None)
+            case.identity = identity
+            if case.id in new:
+                new[case.id] = replace(new[case.id], identity=identity)
+        by_identity.setdefault(identity, case)
+        sighted[identity] = case
+    return sighted
 
 
 def _provisional(provisional_id: int, made: NewCase, now: datetime) -> CaseRow:
@@ -321,6 +385,7 @@ def _provisional(provisional_id: int, made: NewCase, now: datetime) -> CaseRow:
         last_triage_at=None,
         occurrences=0,
         last_seen=now,
+        identity=made.key,
     )
 
 

@@ -53,6 +53,7 @@ class Sighting:
     """One failure as a source reports it."""
 
     fingerprint: str
+    """What replays of its bundle are matched against."""
     kind: Literal["bundle", "workflow", "sentry"]
     title: str
     cause_key: str | None = None
@@ -65,6 +66,15 @@ class Sighting:
     trigger: Trigger = "auto"
     reply_to: dict[str, Any] | None = None
     """Where to comment the result (``{"repository": "o/r", "issue": 12}``) when one was asked for."""
+    identity: str | None = None
+    """The key of its case where that is not the fingerprint (a pytest test's exception through its
+    code path: `flaketriage.manifest.Failure.identity`)."""
+
+    @property
+    def case_identity(self) -> str:
+        """What its case is found by: `identity`, else the fingerprint (a case recorded before cases
+        had identities is found by its fingerprint too, and adopts the identity: `CaseBatch`)."""
+        return self.identity or self.fingerprint
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,7 @@ def _storable(sighting: Sighting) -> Sighting:
     return replace(
         sighting,
         fingerprint=_column_text(sighting.fingerprint),
+        identity=_optional_text(sighting.identity),
         cause_key=_optional_text(sighting.cause_key),
         title=_column_text(sighting.title)[:500],
         test_id=_optional_text(sighting.test_id),
@@ -256,7 +267,7 @@ class Intake:
                 delivery = _Delivery(*added)
                 seen: dict[int, dict[str, Any]] = {}
                 for sighting in sightings:
-                    case = batch.sighted[sighting.fingerprint]
+                    case = batch.sighted[sighting.case_identity]
                     triage = self._sight(batch, source, delivery_id, sighting, case, seen)
                     if case not in delivery.cases:
                         delivery.cases.append(case)
@@ -376,13 +387,20 @@ class Intake:
 
 
 def _first_sightings(items: Sequence[Item]) -> dict[str, NewCase]:
-    """By fingerprint, in the order first sighted: what a case made by that sighting is made with."""
+    """By case identity, in the order first sighted: what a case made by that sighting is made with."""
     first: dict[str, NewCase] = {}
     for _, _, _, sightings in items:
         for s in sightings:
-            if s.fingerprint not in first:
-                first[s.fingerprint] = NewCase(
-                    s.fingerprint, s.cause_key, s.kind, s.title[:500], s.test_id, s.job, s.repository
+            if s.case_identity not in first:
+                first[s.case_identity] = NewCase(
+                    s.fingerprint,
+                    s.cause_key,
+                    s.kind,
+                    s.title[:500],
+                    s.test_id,
+                    s.job,
+                    s.repository,
+                    identity=s.case_identity,
                 )
     return first
 

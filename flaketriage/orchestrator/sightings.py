@@ -85,6 +85,7 @@ def from_event(event: FailureEvent, policy: StorePolicy) -> Sighting:
     failure = event.failure
     return Sighting(
         fingerprint=event.fingerprint,
+        identity=event.identity,
         kind="bundle",
         title=title_of(failure.test_id, event.command, failure.kind, failure.exception_type, failure.message),
         cause_key=cause_key(failure.kind, failure.exception_type, failure.message),
@@ -102,6 +103,7 @@ def from_manifest(manifest: Manifest, url: str, *, trigger: Trigger, extra: dict
     provenance = manifest.provenance.model_dump(mode="json", exclude_none=True) | extra
     return Sighting(
         fingerprint=f.fingerprint,
+        identity=f.identity,
         kind="bundle",
         title=title_of(f.test_id, manifest.command.argv, f.kind, f.exception_type, f.message),
         cause_key=cause_key(f.kind, f.exception_type, f.message),

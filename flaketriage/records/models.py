@@ -1,10 +1,12 @@
 """The tables: what arrived (deliveries, occurrences), what it is about (cases), what was done (work,
 replays), what stands (quarantine) and the machines replays ran on (runners).
 
-A case is one failure, keyed by its fingerprint. An occurrence is one report of it (an event, a
-GitHub run, a Sentry alert). Work is one step of the pipeline for a case and a bundle (triage,
-minimize, report, telemetry, rerun), keyed so that the same step is never done twice; a triage's
-replays are rows of their own, so replays running on several workers add up to one verdict.
+A case is one failure, keyed by its identity (the same exception through the same code path, from
+any source); its fingerprint is what its replays are matched against. An occurrence is one report
+of it (an event, a GitHub run, a Sentry alert). Work is one step of the pipeline for a case and a
+bundle (triage, minimize, report, telemetry, rerun), keyed so that the same step is never done
+twice; a triage's replays are rows of their own, so replays running on several workers add up to
+one verdict.
 """
 
 from __future__ import annotations
@@ -83,11 +85,25 @@ class WorkStatus(StrEnum):
     FAILED = "failed"
 
 
+def _fingerprint_of_row(context: Any) -> str | None:
+    """A case written without an identity is keyed by its fingerprint."""
+    value = context.get_current_parameters().get("fingerprint")
+    return value if isinstance(value, str) else None
+
+
 class Case(Base):
     __tablename__ = "cases"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
+    """What the replays of its first bundle are matched against."""
+    identity: Mapped[str | None] = mapped_column(
+        String(128), unique=True, index=True, default=_fingerprint_of_row
+    )
+    """What the case is found by, whatever the source: the failure's exception through its code
+    path for a pytest test (`flaketriage.manifest.Failure.identity`), else its fingerprint. Cases
+    recorded before it have their fingerprint (migration 0004) until a sighting of theirs that has
+    an identity is recorded: then they adopt it (`flaketriage.orchestrator.case_batch`)."""
     cause_key: Mapped[str | None] = mapped_column(String(64), index=True)
     """The failure without the test that hit it: many tests failing of one cause share it."""
     kind: Mapped[str] = mapped_column(String(16))
