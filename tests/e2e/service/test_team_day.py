@@ -134,7 +134,9 @@ def suite(flip: Path) -> dict[str, str]:
         "test_c_prices.py": (
             "import csv\n"
             "from pathlib import Path\n\n"
+            "import pytest\n\n"
             "DATA = Path(__file__).parent / 'data' / 'prices.csv'\n\n"
+            "@pytest.mark.flaketriage_data('data/prices.csv')\n"
             "def test_prices_are_positive():\n"
             "    with DATA.open() as f:\n"
             "        for row in csv.DictReader(f):\n"
@@ -279,8 +281,10 @@ def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None
     # (b) deterministic: a Markdown issue with the reproduction.
     assert bug["verdict"] == "deterministic" and bug["report_kind"] == "markdown", bug
     bug_issue = Path(bug["report_url"]).read_text()
-    assert "bad price for SKU-0137: -4.0" in bug_issue
-    assert DATA_BUG in bug_issue
+    assert "bad price for SKU-0137: -4.0" in bug_issue and DATA_BUG in bug_issue
+    assert "## Minimal reproduction" in bug_issue and "flaketriage bundle export " in bug_issue
+    assert "- `data/prices.csv`: kept 1 of 200" in bug_issue, bug_issue  # the one bad row
+    assert "· seen 1 time ·" in bug_issue and bug["occurrences"] == 1
 
     # (c) order-dependent, naming the polluter: an issue, and the victim quarantined.
     assert victim["verdict"] == "order_dependent" and victim["report_kind"] == "markdown", victim
