@@ -398,3 +398,4 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
         annotations=dict(p.annotations, captured_at_unix=round(time.time(), 3)),
         provenance=detect_provenance(p.env),
     )
+            identity=info.identity,

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from flaketriage.ci.capture import record_failure
 from flaketriage.ci.source import SourceLimits, SourcePlan, plan_source
-from flaketriage.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.fingerprint import FailureInfo, exception_identity, fingerprint_failure
 from flaketriage.manifest import DataInput, PytestContext
 from flaketriage.settings import Settings
 from flaketriage.store import open_store
@@ -198,7 +198,36 @@ def failure_info(failure: FailedTest, env: Mapping[str, str], facts: SessionFact
     if info is None:  # pragma: no cover - the summary always names the test
         raise AssertionError(f"no failure parsed from {summary!r}")
     traceback = "\n\n".join(r.longreprtext for r in failure.reports if r.longreprtext)
-    return dataclasses.replace(info, traceback=traceback or None)
+    return dataclasses.replace(info, traceback=traceback or None, identity=case_identity(failure, facts))
+
+
+def case_identity(failure: FailedTest, facts: SessionFacts) -> str | None:
+    """The test's case identity: its first exception (as the plugin read it at the report,
+    ``flaketriage_exception``) through its frames, files relative to the rootdir as a Sentry event's
+    and a captured program's are (`exception_identity`). None, so the fingerprint stands for it,
+    when no report carries one: an XPASS(strict), or an exception whose frames could not be read."""
+    for report in failure.reports:
+        raised = getattr(report, "flaketriage_exception", None)
+        if _is_raised(raised):
+            kind, message, frames = raised
+            return exception_identity(kind, message, [(f, fn) for f, fn in frames], [str(facts.rootdir)])
+    return None
+
+
+def _is_raised(value: object) -> TypeGuard[tuple[str, str, Sequence[Sequence[str]]]]:
+    """Whether `value` has the shape `flaketriage.ci.pytest_plugin.raised` gives (lists, not tuples,
+    once a pytest-xdist worker sent it on)."""
+    if not isinstance(value, tuple | list) or len(value) != 3:
+        return False
+    kind, message, frames = value
+    return (
+        isinstance(kind, str)
+        and isinstance(message, str)
+        and isinstance(frames, tuple | list)
+        and all(
+            isinstance(f, tuple | list) and len(f) == 2 and all(isinstance(x, str) for x in f) for f in frames
+        )
+    )
 
 
 def _logs(failure: FailedTest, summary: Sequence[str]) -> tuple[str, str]:

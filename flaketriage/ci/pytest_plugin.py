@@ -14,6 +14,7 @@ at the first failure, so a passing suite pays one list append per test.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 import sys
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import _pytest
+import pluggy
 import pytest
 
 from flaketriage.ci.pytest_data import INI, MARKER, MARKER_HELP, BuiltData
@@ -180,6 +183,20 @@ class FlaketriageSession:
         return self._capture
 
     # -- hooks ----------------------------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        # The exception itself is here only: the report keeps its text. What identifies it (type,
+        # message, frames) goes along for the failure's case identity (`flaketriage.ci.pytest_bundle`).
+        report = yield
+        if report.failed and call.excinfo is not None:
+            try:
+                report.flaketriage_exception = raised(item, call.excinfo)  # type: ignore[attr-defined]
+            except Exception as exc:  # the identity falls back to the fingerprint; the run goes on
+                self.notes.append(f"cannot read the exception of {item.nodeid}: {type(exc).__name__}: {exc}")
+        return report
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # tryfirst: a quarantined failure is marked before the session counts it as failed.
@@ -439,6 +456,40 @@ def _repeat(config: pytest.Config) -> tuple[int, str] | None:
     if not isinstance(count, int) or count <= 1:
         return None
     return count, str(config.getoption("repeat_scope", "function"))
+
+
+Raised = tuple[str, str, tuple[tuple[str, str], ...]]
+"""A failing test's exception type, message and ``(file, function)`` frames (`raised`): plain
+tuples, so a pytest-xdist worker can send its report on."""
+_UNQUALIFIED = ("builtins", "__main__")
+_PYTEST_DIRS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (_pytest, pluggy))
+
+
+def raised(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> Raised:
+    """A failing test's exception as a traceback names it: the type (qualified as Python prints it),
+    the message, and the ``(file, function)`` frames from the test function on (oldest first, a
+    recursion's repeats as one); without the test function among them (a fixture's error), every
+    frame but pytest's and pluggy's own."""
+    kind = excinfo.type
+    module = getattr(kind, "__module__", None)
+    name = getattr(kind, "__qualname__", None) or kind.__name__
+    qualified = name if not module or module in _UNQUALIFIED else f"{module}.{name}"
+    try:
+        message = str(excinfo.value)
+    except Exception:  # a __str__ that raises: what the traceback module prints for it
+        message = "<exception str() failed>"
+    entries = list(excinfo.traceback)
+    code = getattr(inspect.unwrap(getattr(item, "obj", None) or (lambda: None)), "__code__", None)
+    starts = [i for i, entry in enumerate(entries) if entry.frame.code.raw is code]
+    frames: list[tuple[str, str]] = []
+    for entry in entries[starts[0] :] if starts else entries:
+        path = str(entry.path)
+        if not starts and path.startswith(_PYTEST_DIRS):
+            continue
+        frame = (path, entry.name)
+        if not frames or frames[-1] != frame:
+            frames.append(frame)
+    return qualified, message, tuple(frames)
 
 
 def nodeid_relative_to(invocation_dir: Path, rootdir: Path) -> Callable[[str], str]:
