@@ -387,6 +387,7 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
             # redacted) still match it; only the stored, readable copy is masked.
             signature=redactor.redact_text(info.signature),
             duration_s=round(p.duration_s, 3),
+            identity=info.identity,
         ),
         data=p.inputs,
         environment=probe_environment(),
@@ -398,4 +399,3 @@ def _build_manifest(store: Store, p: _Pieces, redactor: Redactor) -> Manifest:
         annotations=dict(p.annotations, captured_at_unix=round(time.time(), 3)),
         provenance=detect_provenance(p.env),
     )
-            identity=info.identity,
