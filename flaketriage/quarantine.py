@@ -19,6 +19,12 @@ from flaketriage.errors import QuarantineError
 
 VERSION = 1
 
+MAX_TESTS = 50
+"""The most tests one entry quarantines (`QuarantineEntry.tests`). A whole run that failed more is
+quarantined by its first `MAX_TESTS` ids (sorted) and its reason says how many were left out: a
+flaky verdict over hundreds of tests says more about the run than about each test, and should not
+hide them all from CI."""
+
 FINGERPRINT_PATTERN = r"^[0-9a-f]{16,128}$"
 """A failure fingerprint as reports name it: lowercase hex, 16 characters or more."""
 
@@ -59,6 +65,10 @@ class QuarantineEntry(_Model):
     fingerprint: str = Field(pattern=FINGERPRINT_PATTERN)
     test_id: str | None = None
     """The test's node id when the failure is a test: CI matches by it or by the fingerprint."""
+    tests: tuple[str, ...] = Field(default=(), exclude_if=lambda value: not value)
+    """For a bundle captured as a whole test run (``capture -- pytest tests/``), every test it failed
+    (`flaketriage.runner_results`, at most `MAX_TESTS`): CI matches any of them. Left out of
+    the document when empty, so a list without one reads as it always did."""
     reason: str
     evidence: QuarantineEvidence
     """Of the latest triage."""
@@ -93,10 +103,18 @@ class QuarantineDocument(_Model):
         return self
 
     def find(self, test_ids: Collection[str], fingerprint: str | None = None) -> QuarantineEntry | None:
-        """The entry for this failure's fingerprint, else the first one for any of these test ids."""
+        """The entry for this failure's fingerprint, else the first one for any of these test ids
+        (its test's, or one of the tests of a whole run it quarantines)."""
         if fingerprint is not None and fingerprint in self.entries:
             return self.entries[fingerprint]
-        return next((e for e in self.entries.values() if e.test_id in test_ids), None)
+        return next(
+            (
+                e
+                for e in self.entries.values()
+                if e.test_id in test_ids or any(t in test_ids for t in e.tests)
+            ),
+            None,
+        )
 
     def with_entry(self, entry: QuarantineEntry) -> QuarantineDocument:
         """This document with `entry` added or replacing the one of its fingerprint."""
@@ -156,10 +174,12 @@ def refreshed_entry(
     issue_url: str | None,
     now: datetime,
     polluters: Sequence[str] = (),
+    tests: Sequence[str] = (),
 ) -> QuarantineEntry:
     """A new entry, or `old` refreshed: new evidence and reason, the bundle added, one more
     occurrence; `issue_url` None keeps the old link, and the quarantine keeps its first date.
-    `polluters` are the latest triage's (an order-dependent test's; none for any other)."""
+    `polluters` are the latest triage's (an order-dependent test's; none for any other); `tests`
+    (a whole run's failing tests) join the old entry's, the latest first, up to `MAX_TESTS`."""
     bundles = old.bundles if old is not None else ()
     return QuarantineEntry(
         fingerprint=fingerprint,
@@ -172,6 +192,9 @@ def refreshed_entry(
         occurrences=(old.occurrences if old is not None else 0) + 1,
         issue_url=issue_url or (old.issue_url if old is not None else None),
         polluters=tuple(polluters),
+        tests=tuple(
+            sorted(list(dict.fromkeys([*tests, *(old.tests if old is not None else ())]))[:MAX_TESTS])
+        ),
         quarantined_at=old.quarantined_at if old is not None else now,
         updated_at=now,
     )

@@ -23,7 +23,7 @@ from flaketriage.ci.probes import probe_environment, probe_hardware
 from flaketriage.ci.provenance import detect_provenance
 from flaketriage.ci.sentry import after_capture
 from flaketriage.ci.source import CAPTURE_GIT, SourceLimits, SourcePlan, capture_source, plan_source
-from flaketriage.errors import DatasetError, FlaketriageError
+from flaketriage.errors import CaptureError, DatasetError, FlaketriageError
 from flaketriage.fingerprint import FailureInfo, fingerprint_failure
 from flaketriage.hangs import HANG_DUMP_ENV, sitecustomize_dir
 from flaketriage.manifest import (
@@ -38,6 +38,7 @@ from flaketriage.manifest import (
 )
 from flaketriage.redaction import Redactor
 from flaketriage.replay_env import DETERMINISTIC_ENV
+from flaketriage.runner_results import JUNIT_ATTACHMENT, junit_argument, read_junit_file
 from flaketriage.settings import load_settings
 from flaketriage.store import Store
 from flaketriage.stored_files import relative_to_cwd, store_data_input
@@ -166,6 +167,7 @@ def run_and_capture(
             inputs=inputs,
             annotations=dict(request.annotations),
             hang=result.hang.text() if result.hang is not None and info.kind == "timeout" else None,
+            attachments=_runner_report(store, request, warn, redactor or Redactor()),
         )
         _put_back_collected(store, data, inputs)
         bundle_id = write_bundle(store, _build_manifest(store, pieces, redactor or Redactor()))
@@ -173,6 +175,26 @@ def run_and_capture(
         why = str(exc) if isinstance(exc, FlaketriageError) else f"{type(exc).__name__}: {exc}"
         return CaptureResult(process=result, failure=info, bundle_id=None, error=why)
     return CaptureResult(process=result, failure=info, bundle_id=bundle_id)
+
+
+def _runner_report(
+    store: Store, request: CaptureRequest, warn: Callable[[str], None], redactor: Redactor
+) -> dict[str, BlobRef]:
+    """The JUnit XML report a pytest command wrote (``--junitxml``), redacted like its output and
+    attached so that a flaky verdict can quarantine the tests it names (`flaketriage.runner_results`);
+    one outside the workspace, a link, too big or unreadable is left out with a warning, never
+    failing the capture."""
+    path = junit_argument(request.argv)
+    if path is None:
+        return {}
+    workspace = CAPTURE_GIT.root(request.cwd) or request.cwd
+    try:
+        report = read_junit_file(request.cwd, path, workspace)
+    except CaptureError as exc:
+        warn(str(exc))
+        return {}
+    redacted = redactor.redact_text(report.decode("utf-8", "replace")).encode()
+    return {JUNIT_ATTACHMENT: store.put_bytes(redacted)}
 
 
 def _run_env(env: Mapping[str, str], timeout_s: float | None) -> dict[str, str]:

@@ -2,11 +2,14 @@
 
 Changes are read-modify-write under a lock beside the file (`flaketriage.file_lock`) and land by
 atomic rename, so concurrent reporters never lose an entry; a file that cannot be parsed is
-reported, never overwritten.
+reported, never overwritten. What an entry says of a flaky verdict (`evidence_of`, `quarantined_reason`)
+and which tests a whole test run's entry quarantines (`failed_tests_of`) are written here for both
+writers, the file and the service's records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,17 +17,75 @@ from pathlib import Path
 from typing import Protocol
 
 from flaketriage.atomic import write_atomic
-from flaketriage.errors import QuarantineError, ReportError
+from flaketriage.errors import FlaketriageError, QuarantineError, ReportError
 from flaketriage.file_modes import OWNER_ONLY, FileModes
+from flaketriage.manifest import BlobRef, Manifest
 from flaketriage.quarantine import (
+    MAX_TESTS,
     FailureRate,
     QuarantineDocument,
     QuarantineEntry,
     QuarantineEvidence,
     refreshed_entry,
 )
+from flaketriage.runner_results import (
+    JUNIT_ATTACHMENT,
+    MAX_JUNIT_BYTES,
+    FailedTests,
+    failed_tests,
+    is_test_runner,
+)
+from flaketriage.store import Store
 from flaketriage.workers.report.base import ReportRef, check_fingerprint, report_lock, utc_now
 from flaketriage.workers.verdict import VerdictResult
+
+
+def failed_tests_of(store: Store, manifest: Manifest) -> FailedTests | None:
+    """The tests a bundle captured as a whole test run failed (`flaketriage.runner_results`): read
+    from its stdout and stderr logs and the JUnit report it attached. None for a bundle the pytest
+    plugin captured (its one test is ``failure.test_id``) and for a command that is not a test run
+    (not pytest by its arguments, no pytest summary in its output, no JUnit report)."""
+    if manifest.pytest is not None:
+        return None
+    junit_ref = manifest.attachments.get(JUNIT_ATTACHMENT)
+    runner = is_test_runner(manifest.command.argv) or manifest.failure.kind == "test"
+    if not runner and junit_ref is None:
+        return None
+    notes: list[str] = []
+    stdout, stderr = (_text(store, manifest.logs.get(name), name, notes) for name in ("stdout", "stderr"))
+    junit = _blob(store, junit_ref, "JUnit report", notes) if junit_ref is not None else None
+    found = failed_tests(stdout, stderr, junit, cwd=manifest.command.cwd)
+    return dataclasses.replace(found, notes=(*notes, *found.notes))
+
+
+def _blob(store: Store, ref: BlobRef | None, what: str, notes: list[str]) -> bytes | None:
+    if ref is None:
+        return None
+    try:
+        return store.get_bytes(ref.sha256, max_size=min(ref.size, MAX_JUNIT_BYTES * 4), why=f"its {what}")
+    except FlaketriageError as exc:  # the verdict still stands: say what could not be read
+        notes.append(f"its {what} could not be read ({exc})")
+        return None
+
+
+def _text(store: Store, ref: BlobRef | None, what: str, notes: list[str]) -> str:
+    data = _blob(store, ref, what, notes)
+    return data.decode("utf-8", "replace") if data is not None else ""
+
+
+def quarantined_reason(verdict: VerdictResult, tests: FailedTests | None) -> str:
+    """An entry's reason for a flaky verdict: the counts, and for a whole test run, which tests
+    it quarantines (how many were left out past `MAX_TESTS`, what could not be read)."""
+    reason = f"flaky: reproduced {verdict.reproductions} of {verdict.replays} replays"
+    if tests is None:
+        return reason
+    if tests.ids:
+        reason += f"; quarantines the {len(tests.ids)} test(s) the captured run failed"
+    else:
+        reason += "; the captured test run names no failing test, so CI matches it by fingerprint only"
+    if tests.left_out:
+        reason += f" ({tests.left_out} more failed and are not quarantined: at most {MAX_TESTS})"
+    return reason + "".join(f"; {note}" for note in tests.notes)
 
 
 def evidence_of(result: VerdictResult) -> QuarantineEvidence:
@@ -60,6 +121,7 @@ class QuarantineWriter(Protocol):
         reason: str,
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
+        tests: Sequence[str] = (),
     ) -> ReportRef: ...
 
     def remove(self, fingerprint: str) -> bool: ...
@@ -99,11 +161,13 @@ class Quarantine:
         reason: str,
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
+        tests: Sequence[str] = (),
     ) -> ReportRef:
         """Quarantine a failure, or refresh its entry: new evidence and reason, the bundle added.
 
         `issue_url` links the issue or report that explains it; None keeps the entry's link.
-        `polluters` name the tests an order-dependent failure needs to run first.
+        `polluters` name the tests an order-dependent failure needs to run first; `tests` the tests
+        a whole test run failed (`failed_tests_of`), each quarantined by this entry.
         """
         check_fingerprint(fingerprint)
         with self._locked():
@@ -119,6 +183,7 @@ class Quarantine:
                 reason=reason,
                 issue_url=issue_url,
                 polluters=polluters,
+                tests=tests,
                 now=self._clock(),
             )
             self._save(doc.with_entry(entry))

@@ -38,6 +38,7 @@ class RecordsQuarantine:
         reason: str,
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
+        tests: Sequence[str] = (),
     ) -> ReportRef:
         check_fingerprint(fingerprint)
         now = utc_now()
@@ -57,6 +58,7 @@ class RecordsQuarantine:
                 reason=reason,
                 issue_url=issue_url,
                 polluters=polluters,
+                tests=tests,
                 now=now,
             )
             data = entry.model_dump(mode="json")

@@ -36,7 +36,7 @@ from flaketriage.workers.attribution import Attribution
 from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
-from flaketriage.workers.quarantine import QuarantineWriter, evidence_of
+from flaketriage.workers.quarantine import QuarantineWriter, evidence_of, failed_tests_of, quarantined_reason
 from flaketriage.workers.replay import ReplayContext, Replayer, ReplayResult, Variant
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
 from flaketriage.workers.report.render import order_command, render_issue
@@ -478,9 +478,10 @@ def report(
     key: str | None = None,
 ) -> ReportRef | None:
     """An issue for a deterministic, order-dependent or environment-specific failure (labelled
-    ``suspected-environment``), a quarantine entry for a flaky one. An order-dependent test whose
-    polluters were found is quarantined too, naming them and linking its issue, unless the writer's
-    `order_dependent` (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``) is off; the issue is returned.
+    ``suspected-environment``), a quarantine entry for a flaky one (`_report_flaky`). An
+    order-dependent test whose polluters were found is quarantined too, naming them and linking
+    its issue, unless the writer's `order_dependent` (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``)
+    is off; the issue is returned.
 
     `key` is the report's idempotency key (the triage's identity): reporting the same triage again
     (a retried task) counts no second occurrence on the issue.
@@ -504,23 +505,48 @@ def report(
                 polluters=search.polluters,
             )
         return ref
-    if v.verdict is Verdict.FLAKY and quarantine is not None:
-        # A flaky verdict files no issue, but one opened earlier for this failure explains it: it
-        # gets the flaky evidence and label, and the quarantine entry links it.
-        issue = sink.find(manifest.failure.fingerprint) if sink is not None else None
-        if issue is not None and sink is not None:
-            issue = sink.upsert(_draft(store, manifest, result, tail_lines, key))
-        return quarantine.add(
-            manifest.failure.fingerprint,
-            test_id=manifest.failure.test_id,
-            command=shell_join(manifest.command.argv),
-            bundle_id=result.bundle_id,
-            evidence=evidence_of(v),
-            reason=f"flaky: reproduced {v.reproductions} of {v.replays} replays"
-            + (f"; triage cost {result.cost.line()}" if result.cost is not None else ""),
-            issue_url=issue.location if issue is not None else None,
-        )
+    if v.verdict is Verdict.FLAKY:
+        return _report_flaky(store, manifest, result, sink, quarantine, tail_lines=tail_lines, key=key)
     return None
+
+
+def _report_flaky(
+    store: Store,
+    manifest: Manifest,
+    result: TriageResult,
+    sink: IssueSink | None,
+    quarantine: QuarantineWriter | None,
+    *,
+    tail_lines: int,
+    key: str | None,
+) -> ReportRef | None:
+    """Quarantine a flaky failure: its test, or every test a whole test run failed
+    (`failed_tests_of`: the captured run's failing tests, which its reproductions share, since a
+    pytest run's fingerprint names them). A failure with no test identity (a training script) has
+    nothing CI can skip, so it is also reported as a ``flaky`` issue, and with no quarantine list
+    the issue is the report: a flaky verdict is never dropped silently."""
+    v, fingerprint = result.verdict, manifest.failure.fingerprint
+    tests = failed_tests_of(store, manifest)
+    test_ids = tests.ids if tests is not None else ()
+    test_id = manifest.failure.test_id or (test_ids[0] if test_ids else None)
+    # A flaky verdict of a test files no issue, but one opened earlier for this failure explains
+    # it: it gets the flaky evidence and label, and the quarantine entry links it.
+    issue = sink.find(fingerprint) if sink is not None else None
+    if sink is not None and (issue is not None or test_id is None or quarantine is None):
+        issue = sink.upsert(_draft(store, manifest, result, tail_lines, key))
+    if quarantine is None:
+        return issue
+    return quarantine.add(
+        fingerprint,
+        test_id=test_id,
+        command=shell_join(manifest.command.argv),
+        bundle_id=result.bundle_id,
+        evidence=evidence_of(v),
+        reason=quarantined_reason(v, tests)
+        + (f"; triage cost {result.cost.line()}" if result.cost is not None else ""),
+        issue_url=issue.location if issue is not None else None,
+        tests=test_ids,
+    )
 
 
 def _draft(

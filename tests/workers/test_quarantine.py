@@ -206,7 +206,9 @@ def test_concurrent_processes_lose_no_entry(tmp_path: Path) -> None:
 def test_a_flaky_verdict_links_the_issue_opened_earlier(
     tmp_path: Path, make_manifest: Callable[..., Manifest]
 ) -> None:
-    manifest = make_manifest()
+    # A test's failure: one with no test identity is reported as an issue at once (test_runner_quarantine).
+    failure = Failure(kind="test", test_id=TEST_ID, fingerprint="ab" * 32, signature="pytest|t|Error|")
+    manifest = make_manifest(failure=failure)
     fp = manifest.failure.fingerprint
     verdict = VerdictResult(
         verdict=Verdict.FLAKY,
