@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -416,9 +417,18 @@ def _document_with(app: FastAPI, models: dict[str, type[BaseModel]]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+_LONE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A ``\\uD8xx``-``\\uDFxx`` escape: half of a pair, or a lone surrogate JSON allows and UTF-8 cannot hold."""
+_LONE = re.compile("[\ud800-\udfff]")
+
+
 def _json(raw: bytes, source: str, refuse: Refuse) -> Any:
     try:
         data = json.loads(raw)
+        if _LONE_ESCAPE.search(raw):
+            # A lone surrogate would be stored and then fail every answer that shows it (a case's
+            # provenance): it becomes U+FFFD here. Pairs were joined into one character by loads.
+            data = json.loads(_LONE.sub("\ufffd", json.dumps(data, ensure_ascii=False)))
     except (ValueError, UnicodeDecodeError) as exc:
         refuse(source, 400, f"the body is not JSON: {exc}", "invalid")
     except RecursionError:

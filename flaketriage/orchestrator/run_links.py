@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, or_, select
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.api_models import CaseLink
@@ -54,7 +54,12 @@ def linked_cases(session: Session, case: Case) -> list[CaseLink]:
     rows = session.execute(
         select(Case.id, Case.kind, Case.title, Occurrence.provenance)
         .join(Occurrence, Occurrence.case_id == Case.id)
-        .where(Case.id != case.id, Occurrence.provenance["run_url"].as_string().in_(runs))
+        # Matched in the JSON's text, then read: extracting a field fails on PostgreSQL for every
+        # row whose JSON holds an escaped NUL anywhere, which any sender may put in a provenance.
+        .where(
+            Case.id != case.id,
+            or_(*(cast(Occurrence.provenance, Text).contains(f'{url}"', autoescape=True) for url in runs)),
+        )
         .order_by(Case.id)
         .limit(MAX_LINKS * 4)
     ).all()
