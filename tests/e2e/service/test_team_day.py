@@ -56,6 +56,7 @@ RUN_URL = "https://github.com/Codertocat/Hello-World/actions/runs/30433642"  # t
 FLAKY = "test_d_cache.py::test_cache_is_warm"
 DATA_BUG = "test_c_prices.py::test_prices_are_positive"
 POLLUTER = "test_a_settings.py::test_switches_to_debug"
+INTEGRATION = "integration/test_retry.py::test_retry_succeeds"
 VICTIM = "test_b_report.py::test_report_uses_release_mode"
 
 
@@ -112,11 +113,20 @@ def flipper() -> Iterator[Flipper]:
     flip.close()
 
 
-def suite(flip: Path) -> dict[str, str]:
+@pytest.fixture
+def flipper_integration() -> Iterator[Flipper]:
+    flip = Flipper()  # a socket of its own: each flaky test's replays alternate on their own count
+    yield flip
+    flip.close()
+
+
+def suite(flip: Path, flip_integration: Path) -> dict[str, str]:
     rows = ["sku,price", *(f"SKU-{i:04d},{(i % 40) + 1}.99" for i in range(200))]
     rows[138] = "SKU-0137,-4.00"  # the one bad row
     return {
         ".gitignore": ".flaketriage/\n__pycache__/\n",
+        # The unit suite is what `pytest` collects; CI runs integration/ as a step of its own.
+        "pytest.ini": "[pytest]\nnorecursedirs = .* integration\n",
         "data/prices.csv": "\n".join(rows) + "\n",
         "app_config.py": "MODE = 'release'\n",
         "test_a_settings.py": (
@@ -151,11 +161,19 @@ def suite(flip: Path) -> dict[str, str]:
             "        answer = s.recv(16)\n"
             "    assert answer == b'pass', 'the cache was cold'\n"
         ),
+        "integration/test_retry.py": (
+            "import socket\n\n"
+            "def test_retry_succeeds():\n"
+            "    with socket.socket(socket.AF_UNIX) as s:\n"
+            f"        s.connect({str(flip_integration)!r})\n"
+            "        answer = s.recv(16)\n"
+            "    assert answer == b'pass', 'the retry gave up'\n"
+        ),
     }
 
 
-def write_project(root: Path, flip: Path) -> None:
-    for name, text in suite(flip).items():
+def write_project(root: Path, flip: Path, flip_integration: Path) -> None:
+    for name, text in suite(flip, flip_integration).items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -184,9 +202,10 @@ def ci_env(stack: Stack) -> dict[str, str]:
     return env
 
 
-def ci_pytest(project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def ci_pytest(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    plugin = ["-p", "flaketriage", "--flaketriage", "-p", "no:cacheprovider"]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "flaketriage", "--flaketriage", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *plugin, *args],
         cwd=project,
         env=env,
         capture_output=True,
@@ -241,10 +260,12 @@ def payload(name: str) -> dict[str, Any]:
     return data
 
 
-def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None:
+def test_a_teams_day_through_the_service(
+    stack: Stack, flipper: Flipper, flipper_integration: Flipper
+) -> None:
     project = stack.root / "team-project"
     project.mkdir()
-    write_project(project, flipper.path)
+    write_project(project, flipper.path, flipper_integration.path)
     env = ci_env(stack)
 
     # 1. The set-up is right before any CI run sends with it.
@@ -265,6 +286,12 @@ def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None
     bundles = {b["test_id"]: b["id"] for b in json.loads(listed.stdout)}
     assert set(bundles) == {FLAKY, DATA_BUG, VICTIM}, listed.stdout
     assert {b[:12] for b in bundles.values()} == set(summary.group(1).split())
+
+    # CI's integration step runs as a whole command under capture (no plugin): one bundle for it.
+    step = ci_cli(project, env, "capture", "--json", "--", sys.executable, "-m", "pytest", "integration")
+    assert step.returncode == 1, step.stdout + step.stderr
+    whole = json.loads(step.stdout.strip().splitlines()[-1])["bundle"]
+    assert whole, step.stdout + step.stderr
 
     # 3. The workers triage each: a verdict and its report.
     flaky = stack.wait_case(bundles[FLAKY], timeout=150)
@@ -313,18 +340,37 @@ def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None
 
     # A check run naming the captured bundles is one more occurrence of each case, no new triage.
     check = payload("github_check_run.completed.json")
-    check["check_run"]["output"]["summary"] = "".join(f"flaketriage-bundle: {b}\n" for b in bundles.values())
+    named = [*bundles.values(), whole]
+    check["check_run"]["output"]["summary"] = "".join(f"flaketriage-bundle: {b}\n" for b in named)
     answered = github(stack, "check_run", check)
     assert answered.status_code in (200, 202), answered.text
     assert set(answered.json()["cases"]) >= {flaky["id"], bug["id"], victim["id"]}
     assert stack.case_for(bundles[DATA_BUG])["occurrences"] == 2  # type: ignore[index]
 
-    # 5. Sentry alerts on the same exception in production, tagged with the CI bundle: the same case.
+    # The check run is the first the service hears of the integration step's bundle: its triage
+    # says flaky, and the test the whole run failed is quarantined by its id.
+    integration = stack.wait_case(whole, timeout=150)
+    assert integration["verdict"] == "flaky" and integration["report_kind"] == "quarantine", integration
+    quarantined = stack.get("/v1/quarantine")["entries"].values()
+    [whole_entry] = [e for e in quarantined if INTEGRATION in e.get("tests", [])]
+    assert whole_entry["reason"].startswith("flaky"), whole_entry
+
+    # 5. Sentry alerts on the same exception through the same code, from a checkout elsewhere: it
+    # is the test's case (one failure, whichever source saw it), not a new one.
     alert = payload("sentry_event_alert.triggered.json")
-    alert["data"]["event"]["tags"].append(["flaketriage.bundle", bundles[DATA_BUG]])
+    alert["data"]["event"]["exception"]["values"][-1] |= {
+        "type": "AssertionError",
+        "module": "builtins",
+        # What the test raised, as pytest's assertion rewriting words it.
+        "value": "bad price for SKU-0137: -4.0\nassert -4.0 > 0",
+    }
+    frame = alert["data"]["event"]["exception"]["values"][-1]["stacktrace"]["frames"][-1]
+    frame |= {"filename": "test_c_prices.py", "abs_path": "/srv/app/test_c_prices.py", "lineno": 12}
+    frame |= {"function": "test_prices_are_positive", "module": "test_c_prices", "vars": {}}
+    alert["data"]["event"]["exception"]["values"][-1]["stacktrace"]["frames"] = [frame]
     answered = sentry(stack, alert)
     assert answered.status_code in (200, 202), answered.text
-    assert bug["id"] in answered.json()["cases"]
+    assert answered.json()["cases"] == [bug["id"]], answered.text
     assert stack.case_for(bundles[DATA_BUG])["occurrences"] == 3  # type: ignore[index]
     triages = [r for r in stack.get(f"/v1/cases/{bug['id']}")["triage_runs"] if r["step"] == "triage"]
     assert len(triages) == 1, "a known failure starts no second triage"
@@ -351,6 +397,10 @@ def test_a_teams_day_through_the_service(stack: Stack, flipper: Flipper) -> None
     assert f"flaketriage: QUARANTINED {FLAKY} - flaky" in again.stdout
     assert f"flaketriage: QUARANTINED {VICTIM} - order_dependent" in again.stdout
     assert "flaketriage: warning" not in again.stdout + again.stderr  # the service's list, not a cache
+    flipper_integration.fail_next()
+    step = ci_pytest(project, env, "integration")
+    assert step.returncode == 0, step.stdout + step.stderr
+    assert f"flaketriage: QUARANTINED {INTEGRATION} - flaky" in step.stdout, step.stdout
 
     # 8. And the configuration is still clean at the end of the day.
     doctor = ci_cli(project, env, "doctor")
