@@ -213,14 +213,27 @@ def test_a_flaky_verdict_labels_the_issue_and_links_it_and_a_lift_closes_it(
     assert make_sink().close("cd" * 32, lift) is None and make_sink().find("cd" * 32) is None
 
 
-def test_no_issue_no_link_for_a_flaky_verdict(
+def test_no_issue_no_link_for_a_flaky_verdict_of_a_test(
     github: GitHubStandIn, make_sink: SinkFactory, make_manifest: Callable[..., Manifest], tmp_path: Path
 ) -> None:
     quarantine = Quarantine(tmp_path / "quarantine.json")
     flaky = TriageResult(bundle_id="2" * 64, verdict=_verdict(Verdict.FLAKY, 4, 20))
-    report(MemoryStore(), make_manifest(), flaky, make_sink(), quarantine)
+    test = Failure(kind="test", test_id="tests/test_a.py::test_a", fingerprint="ab" * 32, signature="s")
+    report(MemoryStore(), make_manifest(failure=test), flaky, make_sink(), quarantine)
     entry = quarantine.get("ab" * 32)
     assert entry is not None and entry.issue_url is None and github.issues() == []
+
+
+def test_a_flaky_verdict_with_no_test_identity_is_filed_as_a_flaky_issue(
+    github: GitHubStandIn, make_sink: SinkFactory, make_manifest: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    quarantine = Quarantine(tmp_path / "quarantine.json")
+    flaky = TriageResult(bundle_id="2" * 64, verdict=_verdict(Verdict.FLAKY, 4, 20))
+    report(MemoryStore(), make_manifest(), flaky, make_sink(), quarantine)  # python train.py
+    [issue] = github.issues()
+    assert labels_of(issue) == ["flaketriage", "flaky"]
+    entry = quarantine.get("ab" * 32)
+    assert entry is not None and entry.issue_url == issue["html_url"]
 
 
 # -- paced comments ---------------------------------------------------------------------------------
