@@ -438,6 +438,7 @@ class Pipeline:
                 tail_lines=self.env.settings.output_tail_lines,
                 # One key per triage: a retried report task counts no second occurrence.
                 key=f"{str(work.bundle_id)[:16]}:triage-{work.options.get('triage', work.id)}",
+                occurrences=self._occurrences(work.case_id),
             )
             result.report = ref
             reply = work.options.get("reply_to")
@@ -629,6 +630,15 @@ class Pipeline:
             gpus=gpus,
             budget_s=self.env.settings.triage_budget_s,
         )
+
+    def _occurrences(self, case_id: int | None) -> int | None:
+        """The times the case was seen, which its issue says too (None: no case, as for a triage
+        asked for by id alone)."""
+        if case_id is None:
+            return None
+        with self.db.session() as session:
+            case = session.get(Case, case_id)
+            return case.occurrences if case is not None and case.occurrences > 0 else None
 
     def _work(self, work_id: int) -> Work:
         with self.db.session() as session:

@@ -476,6 +476,7 @@ def report(
     *,
     tail_lines: int = DEFAULT_OUTPUT_TAIL_LINES,
     key: str | None = None,
+    occurrences: int | None = None,
 ) -> ReportRef | None:
     """An issue for a deterministic, order-dependent or environment-specific failure (labelled
     ``suspected-environment``), a quarantine entry for a flaky one (`_report_flaky`). An
@@ -484,14 +485,15 @@ def report(
     is off; the issue is returned.
 
     `key` is the report's idempotency key (the triage's identity): reporting the same triage again
-    (a retried task) counts no second occurrence on the issue.
+    (a retried task) counts no second occurrence on the issue. `occurrences`, the times the
+    service's case saw the failure, is what the issue says it was seen (None: one more each report).
     """
     v = result.verdict
     if result.budget_spent and not v.decided:
         return None  # its verdict is a guess: the budget stopped it first
     issue_verdicts = (Verdict.DETERMINISTIC, Verdict.ORDER_DEPENDENT, Verdict.ENVIRONMENT_SPECIFIC)
     if v.verdict in issue_verdicts and sink is not None:
-        ref = sink.upsert(_draft(store, manifest, result, tail_lines, key))
+        ref = sink.upsert(_draft(store, manifest, result, tail_lines, key, occurrences))
         search = result.polluter_search if result.polluters else None
         if search is not None and quarantine is not None and quarantine.order_dependent:
             quarantine.add(
@@ -506,7 +508,9 @@ def report(
             )
         return ref
     if v.verdict is Verdict.FLAKY:
-        return _report_flaky(store, manifest, result, sink, quarantine, tail_lines=tail_lines, key=key)
+        return _report_flaky(
+            store, manifest, result, sink, quarantine, tail_lines=tail_lines, key=key, occurrences=occurrences
+        )
     return None
 
 
@@ -519,6 +523,7 @@ def _report_flaky(
     *,
     tail_lines: int,
     key: str | None,
+    occurrences: int | None = None,
 ) -> ReportRef | None:
     """Quarantine a flaky failure: its test, or every test a whole test run failed
     (`failed_tests_of`: the captured run's failing tests, which its reproductions share, since a
@@ -533,7 +538,7 @@ def _report_flaky(
     # it: it gets the flaky evidence and label, and the quarantine entry links it.
     issue = sink.find(fingerprint) if sink is not None else None
     if sink is not None and (issue is not None or test_id is None or quarantine is None):
-        issue = sink.upsert(_draft(store, manifest, result, tail_lines, key))
+        issue = sink.upsert(_draft(store, manifest, result, tail_lines, key, occurrences))
     if quarantine is None:
         return issue
     return quarantine.add(
@@ -550,7 +555,12 @@ def _report_flaky(
 
 
 def _draft(
-    store: Store, manifest: Manifest, result: TriageResult, tail_lines: int, key: str | None
+    store: Store,
+    manifest: Manifest,
+    result: TriageResult,
+    tail_lines: int,
+    key: str | None,
+    occurrences: int | None = None,
 ) -> IssueDraft:
     minimal = result.minimized
     return render_issue(
@@ -570,4 +580,5 @@ def _draft(
         hang=result.hang,
         telemetry=result.telemetry,
         cost=result.cost,
+        occurrences=occurrences,
     )

@@ -54,6 +54,9 @@ class IssueDraft:
     evidence: str = ""
     """One paragraph (Markdown) with the verdict and its numbers: what a tracker comments when the
     failure comes again."""
+    occurrences: int | None = None
+    """The times the failure was seen, as the service's case counts them: the issue says that
+    number, so the two agree. None (the CLI, no records): each report counts one more."""
 
 
 def marker(fingerprint: str) -> str:
@@ -120,7 +123,7 @@ class IssueRecord:
             verdict=draft.verdict,
             bundle_id=draft.bundle_id,
             minimal_bundle_id=draft.minimal_bundle_id,
-            occurrences=1,
+            occurrences=max(draft.occurrences or 1, 1),
             bundles=(draft.bundle_id,),
             created_at=now,
             updated_at=now,
@@ -150,7 +153,7 @@ class IssueRecord:
             verdict=draft.verdict,
             bundle_id=draft.bundle_id,
             minimal_bundle_id=draft.minimal_bundle_id,
-            occurrences=self.occurrences + 1,
+            occurrences=max(draft.occurrences, 1) if draft.occurrences is not None else self.occurrences + 1,
             bundles=bundles,
             updated_at=now,
             keys=(*self.keys, draft.key)[-MAX_KEYS:] if draft.key else self.keys,

@@ -95,6 +95,7 @@ def render_issue(
     hang: str | None = None,
     telemetry: Mapping[str, Any] | None = None,
     cost: TriageCost | None = None,
+    occurrences: int | None = None,
 ) -> IssueDraft:
     """The issue for `manifest`'s failure after triage; logs are read from `store`.
 
@@ -107,7 +108,8 @@ def render_issue(
     `key` is the draft's idempotency key (the triage that reports it); `now` dates presigned links;
     `runners` says what the replays did on each runner (`Attribution.lines`); `hang` is the stacks
     dumped from a replay that hung; `telemetry` a telemetry run's summary (`TelemetryRun`); `cost`
-    what the triage's replays cost (`flaketriage.workers.cost`).
+    what the triage's replays cost (`flaketriage.workers.cost`); `occurrences` the times the
+    service's case saw the failure (`IssueDraft.occurrences`).
     """
     kind = str(verdict.verdict)
     labels = ["flaketriage", kind]
@@ -138,6 +140,7 @@ def render_issue(
         verdict=kind,
         key=key,
         evidence=evidence_line(verdict),
+        occurrences=occurrences,
     )
 
 
