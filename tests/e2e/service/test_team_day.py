@@ -304,6 +304,9 @@ def test_a_teams_day_through_the_service(
     rate = flaky_detail["evidence"]["failure_rate"]
     assert 0 < rate["low"] <= rate["estimate"] <= rate["high"] < 1, rate
     assert flaky_detail["occurrence_list"][0]["provenance"]["run_url"] == RUN_URL
+    triage_runs = [w for w in flaky_detail["triage_runs"] if w["step"] == "triage"]
+    outcomes = [r["outcome"] for w in triage_runs for r in w["replays"]]
+    assert outcomes.count("reproduced") == outcomes.count("passed") == 4, outcomes  # 8 replays, in turn
 
     # (b) deterministic: a Markdown issue with the reproduction.
     assert bug["verdict"] == "deterministic" and bug["report_kind"] == "markdown", bug
@@ -317,6 +320,10 @@ def test_a_teams_day_through_the_service(
     assert victim["verdict"] == "order_dependent" and victim["report_kind"] == "markdown", victim
     victim_detail = stack.get(f"/v1/cases/{victim['id']}")
     assert victim_detail["evidence"]["polluters"] == [POLLUTER], victim_detail["evidence"]
+    [order_triage] = [w for w in victim_detail["triage_runs"] if w["step"] == "triage"]
+    alone = [r["outcome"] for r in order_triage["replays"]]
+    assert alone.count("passed") >= 5 and "reproduced" in alone, alone  # alone, then after the polluter
+    assert victim_detail["progress"] is None  # nothing under way once reported
     victim_issue = Path(victim["report_url"]).read_text()
     assert POLLUTER in victim_issue and f"python -m pytest -p no:randomly {POLLUTER} {VICTIM}" in victim_issue
 
@@ -337,6 +344,11 @@ def test_a_teams_day_through_the_service(
     run_detail = stack.get(f"/v1/cases/{run_case}")
     assert (run_detail["kind"], run_detail["status"]) == ("workflow", "open")
     assert run_detail["occurrence_list"][0]["provenance"]["run_url"] == RUN_URL
+    # The run and the failures captured in it name each other.
+    assert {c["id"] for c in run_detail["linked_cases"]} >= {flaky["id"], bug["id"], victim["id"]}
+    assert {c["run_url"] for c in run_detail["linked_cases"]} == {RUN_URL}
+    links = {c["id"]: c for c in stack.get(f"/v1/cases/{bug['id']}")["linked_cases"]}
+    assert links[run_case]["kind"] == "workflow" and links[run_case]["run_url"] == RUN_URL, links
 
     # A check run naming the captured bundles is one more occurrence of each case, no new triage.
     check = payload("github_check_run.completed.json")
