@@ -513,11 +513,23 @@ def remember_event(store: Store, event: FailureEvent) -> None:
 
 
 def unsent_bundles(store: Store, location: StoreLocation | None = None) -> list[str]:
-    """Bundles with no event yet for `location` (default: `store` itself), oldest first."""
-    where = location or StoreLocation.parse(store.url)
+    """Captured bundles no event was made for yet, oldest first (what ``notify --new`` sends).
+
+    A minimized bundle (it names a ``parent``) is the service's own and is never sent: sent, it
+    would open a case of its own. A bundle with any recorded event was sent, whichever path or
+    flaketriage version sent it: on a store shared between machines its location reads otherwise
+    on each, and a second event would count its failure again. Only given `location` does an
+    event for another location leave a bundle to send (for that location).
+    """
     out = []
     for summary in reversed(list_bundles(store)):
+        if summary.parent is not None:
+            continue
+        if location is None:
+            if store.get_ref(EVENT_REF + summary.id) is None:
+                out.append(summary.id)
+            continue
         known = known_event(store, summary.id)
-        if known is None or known.store != where:
+        if known is None or known.store != location:
             out.append(summary.id)
     return out
