@@ -17,13 +17,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from flaketriage.bundle import load_manifest
+from flaketriage.ci.capture import CaptureRequest, run_and_capture
+from flaketriage.ci.source import SourceLimits
+from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.errors import CaptureError
 from flaketriage.manifest import Manifest
+from flaketriage.orchestrator import github_hooks
 from flaketriage.orchestrator.cases import quarantine_document
+from flaketriage.orchestrator.intake import Intake
+from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.quarantine import MAX_TESTS, QuarantineDocument
-from flaketriage.records import Database
+from flaketriage.records import Case, Database
 from flaketriage.runner_results import (
     JUNIT_ATTACHMENT,
     failed_tests,
@@ -32,10 +39,15 @@ from flaketriage.runner_results import (
     junit_failures,
     read_junit_file,
 )
+from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
+from flaketriage.work import Step
+from flaketriage.workers.pipeline import Pipeline, WorkerEnv
 from flaketriage.workers.quarantine import Quarantine, failed_tests_of
 from flaketriage.workers.records_quarantine import RecordsQuarantine
-from flaketriage.workers.report import MarkdownIssueSink
+from flaketriage.workers.replay import ReplayContext
+from flaketriage.workers.report import MarkdownIssueSink, MemoryIssueSink
+from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import TriageResult, report
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
 
@@ -126,13 +138,13 @@ class Project:
         ref = report(self.store, manifest, result, sink, self.quarantine)
         assert ref is not None and ref.kind == "quarantine"
 
-    def enforce(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The suite again, with the plugin enforcing the store's quarantine list."""
+    def enforce(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """The suite again (`env` added), with the plugin enforcing the store's quarantine list."""
         return subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "flaketriage", "-p", "no:cacheprovider", "--flaketriage",
              f"--flaketriage-store={self.store_dir}", *args],
             cwd=self.root,
-            env=self.env(),
+            env=self.env(**env),
             capture_output=True,
             text=True,
             timeout=300,
@@ -392,4 +404,95 @@ def test_capture_and_triage_of_a_flaky_pytest_run_quarantine_its_test(tmp_path: 
          f"--flaketriage-store={project.store_dir}", "-q", "tests/"],
         cwd=project.root, env={**env, "ALWAYS_FAIL": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    assert enforced.returncode == 0 and "1 passed, 1 quarantined" in enforced.stdout, enforced.stdout
+
+
+# -- the service: a check run naming the bundle, the pipeline's verdict, GET /v1/quarantine -------------
+SOMETIMES = """
+import os
+
+def test_sometimes():
+    # Fails 35% of the time (see the CLI test above for the odds), or always under ALWAYS_FAIL.
+    assert not os.environ.get("ALWAYS_FAIL") and os.urandom(1)[0] >= 90, "unlucky draw"
+
+class TestOther:
+    def test_passes(self):
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_a_check_run_naming_a_flaky_pytest_run_quarantines_its_test_in_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process captures and replays: in the environment the CLI tests give their subprocesses.
+    for name in [n for n in os.environ if n.startswith(("FLAKETRIAGE_", "PYTEST_"))]:
+        monkeypatch.delenv(name)
+    for name, value in Project(tmp_path / "unused").env().items():
+        monkeypatch.setenv(name, value)
+    project = Project(tmp_path / "service-project")
+    project.write("tests/test_suite.py", SOMETIMES)
+    store = project.store
+    request = CaptureRequest(
+        argv=["pytest", "-q", "--tb=no", "-rN", "-p", "no:cacheprovider", "--junitxml=junit.xml", "tests/"],
+        cwd=project.root,
+        limits=SourceLimits(1 << 20, 1 << 24),
+        echo=False,
+    )
+    captured = next(r for r in (run_and_capture(store, request) for _ in range(60)) if r.bundle_id)
+    assert captured.bundle_id is not None and captured.failure is not None
+    assert captured.failure.kind == "exit"  # only the JUnit report names the test
+    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
+    database.upgrade()
+    sender = MemorySender()
+    dispatcher = Dispatcher(database, sender, sweep_after_s=60)
+    settings = load_settings(store=str(project.store_dir), replay_batch=4, max_flaky_rate=0.9)
+    env = WorkerEnv(
+        settings=settings,
+        database=database,
+        dispatcher=dispatcher,
+        sandbox=ProcessSandbox(),
+        sink=MemoryIssueSink(),
+        commenter=None,
+        context=ReplayContext.from_process(),
+    )
+    try:
+        payload = {
+            "action": "completed",
+            "check_run": {
+                "id": 77,
+                "name": "tests",
+                "head_sha": "ce587453ced02b1526dfb4cb910479d431683101",
+                "conclusion": "failure",
+                "html_url": "https://github.com/acme/app/runs/77",
+                "output": {"summary": f"1 failed\nflaketriage-bundle: {captured.bundle_id}\n"},
+            },
+            "repository": {"full_name": "acme/app"},
+        }
+        parsed = github_hooks.parse("check_run", payload, StorePolicy([store.url]))
+        intake = Intake(database, dispatcher, retriage_after_s=3600, storm_window_s=0)
+        recorded = intake.record("github", "delivery-77", "check_run", parsed.sightings)
+        pipeline = Pipeline(env)
+        for _ in range(2000):  # every task the pipeline sends, in order, until none is left
+            batch = sender.take()
+            if not batch:
+                break
+            for name, order, _queue in batch:
+                step = name.split(".", 1)[1]
+                if step == Step.REPLAY:
+                    pipeline.replay(order.work_id, int(order.replay or 0))
+                else:
+                    getattr(pipeline, step)(order.work_id)
+        with database.session() as session:
+            verdicts = sorted((c.verdict or "-", c.report_kind or "-") for c in session.scalars(select(Case)))
+        document = quarantine_document(database)
+    finally:
+        env.close()
+        database.dispose()
+    assert len(recorded.cases) == 2  # the check's own case, and the bundle's
+    assert verdicts == [("-", "-"), ("flaky", "quarantine")]  # the check's case has no verdict
+    entry = document.find({"tests/test_suite.py::test_sometimes"})
+    assert entry is not None and entry.tests == ("tests/test_suite.py::test_sometimes",)
+    project.store_dir.joinpath("quarantine.json").write_bytes(document.to_json())  # what CI fetches
+    enforced = project.enforce("-q", "tests/", ALWAYS_FAIL="1")
     assert enforced.returncode == 0 and "1 passed, 1 quarantined" in enforced.stdout, enforced.stdout
