@@ -92,7 +92,8 @@ def show_command(
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show one case: verdict, failure rate, polluters, findings, replays, report link and cost."""
+    """Show one case: verdict, failure rate, polluters, findings, replays, progress while work on it
+    runs, the cases of the same CI run, report link and cost."""
     outer = ctx.obj if isinstance(ctx.obj, tuple) else (None, DEFAULT_TIMEOUT_S, None)
     source = open_source(service or outer[0], store or outer[2], timeout or outer[1])
     case = _answered(lambda: source.get(case_id))
@@ -166,8 +167,14 @@ def case_rows(case: Case) -> list[tuple[str, str]]:
     rows.append(("seen", f"{seen}, last {_when(case.get('last_seen'))}"))
     if case.get("storm_of"):
         rows.append(("storm of", f"case {case['storm_of']} (the same cause; its triage stands for this one)"))
+    progress = case.get("progress")
+    if isinstance(progress, dict):
+        rows.append(("progress", _progress_line(progress)))
     rows += _evidence_rows(evidence)
     rows += _replay_rows(case.get("triage_runs") or [])
+    rows += [
+        ("linked", _link_line(link)) for link in case.get("linked_cases") or [] if isinstance(link, dict)
+    ]
     if case.get("report_url"):
         rows.append(("report", f"{case.get('report_kind') or 'report'}: {case['report_url']}"))
     cost = case.get("cost")
@@ -223,6 +230,17 @@ def _replay_rows(runs: list[dict[str, Any]]) -> list[tuple[str, str]]:
     tally = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.most_common())
     steps = ", ".join(f"{run.get('step')} {run.get('status')}" for run in runs)
     return [("replays", f"{len(replays)}" + (f" ({tally})" if tally else "") + f"; runs: {steps}")]
+
+
+def _progress_line(progress: dict[str, Any]) -> str:
+    """``order search: 7 of 59 replays done`` (the planned count is the most it may run)."""
+    done, planned = progress.get("replays_done", 0), progress.get("replays_planned", 0)
+    return f"{progress.get('step') or 'queued'}: {done} of {planned} replays done"
+
+
+def _link_line(link: dict[str, Any]) -> str:
+    """``case 7 (workflow) acme/app: workflow CI failed, run https://...``: the same CI run."""
+    return f"case {link.get('id')} ({link.get('kind')}) {link.get('title') or ''}, run {link.get('run_url')}"
 
 
 def _cost_line(cost: dict[str, Any]) -> str:
