@@ -24,7 +24,7 @@ from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.source import SourceLimits
 from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.errors import CaptureError
-from flaketriage.manifest import Manifest
+from flaketriage.manifest import Command, Manifest
 from flaketriage.orchestrator import github_hooks
 from flaketriage.orchestrator.cases import quarantine_document
 from flaketriage.orchestrator.intake import Intake
@@ -46,7 +46,8 @@ from flaketriage.workers.pipeline import Pipeline, WorkerEnv
 from flaketriage.workers.quarantine import Quarantine, failed_tests_of
 from flaketriage.workers.records_quarantine import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
-from flaketriage.workers.report import MarkdownIssueSink, MemoryIssueSink
+from flaketriage.workers.report import MarkdownIssueSink, MemoryIssueSink, ReportRef
+from flaketriage.workers.report.render import render_comment
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import TriageResult, report
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
@@ -496,3 +497,15 @@ def test_a_check_run_naming_a_flaky_pytest_run_quarantines_its_test_in_the_servi
     project.store_dir.joinpath("quarantine.json").write_bytes(document.to_json())  # what CI fetches
     enforced = project.enforce("-q", "tests/", ALWAYS_FAIL="1")
     assert enforced.returncode == 0 and "1 passed, 1 quarantined" in enforced.stdout, enforced.stdout
+
+
+def test_the_reply_never_says_a_run_with_no_test_is_skipped_by_ci(
+    tmp_path: Path, make_manifest: Callable[..., Manifest]
+) -> None:
+    quarantined = ReportRef(kind="quarantine", location=str(tmp_path / "q.json"), created=True)
+    result = TriageResult(bundle_id="2" * 64, verdict=FLAKY, report=quarantined)
+    script = render_comment(result, make_manifest())  # python train.py
+    assert "**Marked flaky**" in script and "nothing in CI skips it" in script
+    assert "no longer fails builds" not in script
+    whole_run = make_manifest(command=Command(argv=("pytest", "--junitxml=r.xml"), cwd="/w"))
+    assert "**Quarantined**: it no longer fails builds" in render_comment(result, whole_run)

@@ -24,6 +24,7 @@ from flaketriage.bundle import describe_failure
 from flaketriage.errors import FlaketriageError
 from flaketriage.manifest import DataInput, Manifest
 from flaketriage.os_strings import shell_join
+from flaketriage.runner_results import is_test_runner
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
@@ -217,6 +218,29 @@ def render_comment(
     return "\n\n".join(lines)  # captured text is inert or in code, where nothing mentions anyone
 
 
+def _flaky_filed(result: TriageResult, manifest: Manifest | None) -> str:
+    """What a flaky verdict's reply says was filed. A failure with no test identity (a script, not a
+    test run) has nothing CI can skip: it is marked flaky, with an issue, never said to be skipped."""
+    quarantined = result.report is not None and result.report.kind == "quarantine"
+    untested = (
+        manifest is not None
+        and manifest.failure.test_id is None
+        and manifest.failure.kind != "test"
+        and not is_test_runner(manifest.command.argv)
+    )
+    if quarantined and untested:
+        return (
+            "**Marked flaky**: it names no test, so nothing in CI skips it; its quarantine entry and "
+            "flaky issue keep the evidence, and are lifted and closed when isolated reruns show it fixed."
+        )
+    if quarantined:
+        return (
+            "**Quarantined**: it no longer fails builds; the quarantine is lifted when isolated reruns "
+            "show it fixed."
+        )
+    return "Not quarantined (no quarantine list is configured here)."
+
+
 def _reply_findings(
     result: TriageResult, manifest: Manifest | None, order: PolluterSearch | None, quarantined: bool
 ) -> list[str]:
@@ -226,13 +250,7 @@ def _reply_findings(
     if kind == "order_dependent":
         return _reply_order(result, manifest, order, quarantined)
     if kind == "flaky":
-        filed = (
-            "**Quarantined**: it no longer fails builds; the quarantine is lifted when isolated reruns "
-            "show it fixed."
-            if result.report is not None and result.report.kind == "quarantine"
-            else "Not quarantined (no quarantine list is configured here)."
-        )
-        return [filed, "Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
+        return [_flaky_filed(result, manifest), "Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
     if kind == "deterministic":
         return [*_reply_minimized(result), "Reproduce it:", _fence(_repro_commands(result, manifest), "bash")]
     if kind == "environment_specific":
