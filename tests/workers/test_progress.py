@@ -56,11 +56,11 @@ def _git(project: Path, *args: str) -> None:
     subprocess.run(["git", *author, *args], cwd=project, check=True, capture_output=True, timeout=60)
 
 
-def _pytest_bundle(tmp: Path, store: Path) -> str:
-    """A failure captured by `pytest --flaketriage` in a git project, after another test ran."""
+def _pytest_bundle(tmp: Path, store: Path, suite: dict[str, str] = SUITE) -> str:
+    """A failure captured by `pytest --flaketriage` in a git project of `suite`, after another test ran."""
     project = tmp / "suite"
     project.mkdir()
-    for name, text in SUITE.items():
+    for name, text in suite.items():
         (project / name).write_text(text)
     (project / ".gitignore").write_text(".flaketriage/\n__pycache__/\n")
     _git(project, "init", "-q", "-b", "main")
@@ -126,3 +126,36 @@ def test_a_batched_triage_under_way_shows_replays_done_and_planned(world: World)
         pipeline.replay(order.work_id, int(order.replay or 0))
     world.drive()  # the next batch decides; minimization and the report follow
     assert _detail(world, case_id).progress is None
+
+
+ORDER_SUITE = {
+    "test_a.py": (
+        "import json\n"
+        "def test_fills_cache():\n"
+        "    with open('settings.json', 'w') as f:\n"
+        "        json.dump({'mode': 'debug'}, f)\n"
+    ),
+    "test_z.py": (
+        "import json, os\n"
+        "def test_reads_clean_state():\n"
+        "    exists = os.path.exists('settings.json')\n"
+        "    mode = json.load(open('settings.json'))['mode'] if exists else 'release'\n"
+        "    assert mode == 'release', f'unexpected mode {mode!r}'\n"
+    ),
+}
+
+
+def test_an_order_search_under_way_is_the_step_shown_and_its_runs_are_replays(world: World) -> None:
+    case_id = world.announce(_pytest_bundle(world.tmp, world.store.root, ORDER_SUITE))
+    seen: list[CaseDetail] = []
+    # Five isolated replays pass; the search's runs follow.
+    world.envs[0].sandbox = WatchedSandbox(lambda n: seen.append(_detail(world, case_id)) if n == 7 else None)
+    world.drive()
+
+    detail = _detail(world, case_id)
+    assert detail.verdict == "order_dependent"
+    (mid,) = seen
+    assert mid.progress is not None and mid.progress.step == "order search"
+    assert mid.progress.replays_done == 6 < mid.progress.replays_planned
+    outcomes = [r.outcome for r in detail.triage_runs[0].replays]
+    assert outcomes[:5] == ["passed"] * 5 and "reproduced" in outcomes[5:]
