@@ -2,11 +2,12 @@
 
 PostgreSQL, Redis, the receiver, two workers and beat run as real processes (the ``stack`` fixture);
 a small git project has the three failures a team meets: a flaky test, a deterministic data bug (one
-bad CSV row) and an order-dependent test (a polluter leaves global state its victim trips on). CI
-runs ``pytest --flaketriage`` with the environment the README tells it to set, the service triages
-what it captured, GitHub and Sentry report the same run, ``flaketriage cases`` shows the verdicts,
-the next CI run sees the quarantine, and ``flaketriage doctor`` finds nothing wrong. Every step is
-asserted before the next one starts.
+bad CSV row, declared with the ``flaketriage_data`` marker) and an order-dependent test (a polluter
+leaves global state its victim trips on), plus an integration step CI runs as a whole command under
+``flaketriage capture``. CI runs ``pytest --flaketriage`` with the environment the README tells it
+to set, the service triages what it captured, GitHub and Sentry report the same run,
+``flaketriage cases`` shows the verdicts, the next CI run sees the quarantine, and ``flaketriage
+doctor`` finds nothing wrong. Every step is asserted before the next one starts.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ class Flipper:
 
     The flaky test asks it whether to fail. Replays may write nothing outside their workspace, but a
     socket on a read-only mount can still be connected to, and the replays of one test are the only
-    ones that ask it (the tests before the flaky one never connect), so its replays fail and pass
-    alternately: in every batch the service sends (4 replays, 2 answered each way) some pass and
-    some fail. The sequential test then can only say ``flaky`` (deterministic needs no pass,
-    not_reproduced no failure), every time, whatever order the workers take the replays in.
+    ones that ask it (the tests before the flaky one never connect; each flaky test has its own
+    socket), so its replays fail and pass alternately: of any 4 replays in a row (one task's
+    replays, or a batch the workers share) 2 fail and 2 pass, so the first replays already hold a
+    pass and a failure. The sequential test then can only say ``flaky`` (deterministic needs no
+    pass, not_reproduced no failure), every time, whatever order the workers take the replays in.
     /var/tmp because replays see a private /tmp.
     """
 
