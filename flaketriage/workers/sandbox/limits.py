@@ -115,11 +115,14 @@ class LocalLimits:
         try:
             _warn_missing(cgroup.missing)
             rlimit = spec.memory_mb if "memory" in cgroup.missing else None
-            unshare = _isolation(spec) if isolate else None
+            unshare, private_tmp = _isolation(spec) if isolate else (None, False)
+            # As bwrap and the containers do: a temp directory the run recorded (a CI runner's, a
+            # pytester's under /tmp) is not there, or not writable, behind the private /tmp.
+            env = {**spec.env, "TMPDIR": str(PRIVATE_TMP)} if private_tmp else spec.env
             result = run_command(
                 argv,
                 spec.cwd,
-                spec.env,
+                env,
                 spec.timeout_s,
                 preexec=_preexec(cgroup, rlimit, unshare),
                 contain=contain,
@@ -176,26 +179,28 @@ def _preexec(
     return apply
 
 
-def _isolation(spec: SandboxSpec) -> Callable[[], None] | None:
-    """The child's part of the process sandbox's namespaces: the most this process can make here."""
+def _isolation(spec: SandboxSpec) -> tuple[Callable[[], None] | None, bool]:
+    """The child's part of the process sandbox's namespaces (the most this process can make here),
+    and whether the run gets a private /tmp."""
     full = Namespaces(network=not spec.network, files=True)
     if full.usable():
         # The run's own paths, and the reaper's: it starts inside the namespaces, as this
         # interpreter running flaketriage's reaper script, both perhaps under the private /tmp.
         own = [interpreter_environment(), Path(reaper.__file__).resolve().parent]
-        return full.preexec(spec.workspace.resolve(), spec.cwd, [*readable_paths(spec, [PRIVATE_TMP]), *own])
+        readable = [*readable_paths(spec, [PRIVATE_TMP]), *own]
+        return full.preexec(spec.workspace.resolve(), spec.cwd, readable), True
     say_once(
         "the process sandbox cannot make a mount namespace here (not root, and user namespaces are "
         "off), so its replays may write outside their workspace; install bubblewrap or use the docker "
         "sandbox"
     )
     if spec.network:
-        return None
+        return None, False
     network = Namespaces(network=True, files=False)
     if network.usable():
-        return network.preexec(spec.workspace, spec.cwd, ())
+        return network.preexec(spec.workspace, spec.cwd, ()), False
     say_once(
         "the process sandbox cannot make a network namespace here either, so its replays reach the "
         "network; install bubblewrap or use the docker sandbox"
     )
-    return None
+    return None, False

@@ -101,3 +101,24 @@ def test_the_workspace_stays_writable_when_a_readable_path_is_it_or_above_it(tmp
         )  # fmt: skip
         assert done.returncode == 0, (readable, done.stderr)
         assert (workspace / "pkg" / "out" / "f").read_text() == "ok"
+
+
+def test_a_temp_directory_the_run_recorded_is_the_private_tmp(tmp_path: Path) -> None:
+    # A pytester session's TMPDIR lies under the real /tmp, a CI runner's under its work folder: behind
+    # the private /tmp one is gone and the other read-only, so `tempfile` (and pytest's tmp_path) failed.
+    from flaketriage.workers.sandbox import ProcessSandbox, SandboxSpec
+
+    assert Namespaces(network=True, files=True).usable(), "this machine makes mount namespaces (tests/run.sh)"
+    workspace = tmp_path / "run-1"
+    workspace.mkdir()
+    recorded = tmp_path / "runner-temp"
+    recorded.mkdir()
+    code = "import tempfile; print(tempfile.mkdtemp())"
+    spec = SandboxSpec(
+        argv=[sys.executable, "-S", "-c", code], workspace=workspace, cwd=workspace,
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(recorded)}, timeout_s=60.0,
+    )  # fmt: skip
+    result = ProcessSandbox().run(spec)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert Path(result.stdout.strip()).parent == Path("/tmp")
+    assert list(recorded.iterdir()) == []  # nothing was written where the run recorded it
