@@ -154,7 +154,7 @@ class CaseDetail(CaseSummary):
     """While work on it runs: the step and the replays done and planned."""
     linked_cases: list[CaseLink] = Field(default_factory=list)
     """Cases about the same CI run: for a failed run, the failures captured in it; for a captured
-    failure, the run (workflow run, check run) it failed in."""
+    failure, the run (workflow run, check run) it failed in and the other failures captured in it."""
     occurrence_list: list[OccurrenceView]
     triage_runs: list[WorkView]
 
