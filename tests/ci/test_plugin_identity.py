@@ -25,6 +25,7 @@ from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import triage
 from flaketriage.workers.verdict import Verdict, VerdictPolicy
+from tests.ci.test_pytest_plugin import run
 
 pytest_plugins = ["pytester"]
 
@@ -48,19 +49,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
-
-
-def run(pytester: pytest.Pytester, store_dir: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p",
-        "flaketriage",
-        "--flaketriage",
-        f"--flaketriage-store={store_dir}",
-        "-p",
-        "no:cacheprovider",
-        *args,
-        timeout=120,
-    )
 
 
 def bundles(store_dir: Path) -> list[Manifest]:
