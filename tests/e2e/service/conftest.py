@@ -3,7 +3,8 @@ uvicorn, two Celery worker processes and beat, each a real process started here.
 
 Redis is a private ``redis-server`` on a free port (so a test may restart it and empty its queues);
 PostgreSQL is the machine's server (``FLAKETRIAGE_TEST_POSTGRES``, default 127.0.0.1:5432), with a
-fresh database per session, reached through a TCP proxy the tests can cut (the database "down").
+fresh database per stack (per test module), reached through a TCP proxy the tests can cut (the
+database "down").
 """
 
 from __future__ import annotations
@@ -111,29 +112,50 @@ class TcpProxy:
         self.start()
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[tuple[str, TcpProxy]]:
-    import psycopg
+@dataclass
+class Postgres:
+    """The machine's PostgreSQL behind a proxy the tests can cut; each stack takes a fresh database."""
 
-    name = f"ft_e2e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    proxy: TcpProxy
+    user: str
+    databases: list[str] = field(default_factory=list)
+
+    def new_database(self) -> str:
+        """A URL of a database of its own, so that no module sees another's cases or quarantine."""
+        import psycopg
+
+        name = f"ft_e2e_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.databases.append(name)
+        return f"postgresql://{self.user}@127.0.0.1:{self.proxy.port}/{name}"
+
+    def drop_all(self) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            for name in self.databases:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        self.databases.clear()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
     from psycopg.conninfo import conninfo_to_dict
 
     info = conninfo_to_dict(PG_ADMIN)
     host, port = str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)
     proxy = TcpProxy(f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
     proxy.start()
-    user = str(info.get("user") or getpass.getuser())
-    yield f"postgresql://{user}@127.0.0.1:{proxy.port}/{name}", proxy
+    server = Postgres(proxy=proxy, user=str(info.get("user") or getpass.getuser()))
+    yield server
     proxy.cut()
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    server.drop_all()
 
 
 # -- the stack -------------------------------------------------------------------------------------
@@ -257,10 +279,12 @@ def stack(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     redis: Redis,
-    postgres: tuple[str, TcpProxy],
+    postgres: Postgres,
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("service")
-    database_url, proxy = postgres
+    # Nothing of another module's day: a fresh database, and a broker emptied of its queued work.
+    database_url, proxy = postgres.new_database(), postgres.proxy
+    redis.restart()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLAKETRIAGE_")}
     env.update(
