@@ -34,6 +34,8 @@
     │                                 service does not read): reported, not queued; ``setting`` says what
     │                                 to change
     ├── RecordsError                  the service's database: unreachable, or a write refused
+    │   └── RecordsDataError          a value the database refuses as data (text it cannot encode, JSON
+    │                                 it cannot read): the request's fault, not an outage
     ├── BrokerError                   the task broker cannot take work (it stays recorded, re-sent later)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
     ├── MissingDependencyError        an optional library is not installed (also an ImportError); names
@@ -265,6 +267,12 @@ class SignatureError(FlaketriageError):
 
 class RecordsError(FlaketriageError):
     """The service's database cannot be reached or refused a write; nothing was half-recorded."""
+
+
+class RecordsDataError(RecordsError):
+    """The database refused a value as data (PostgreSQL's class 22: text it cannot encode, JSON it
+    cannot read, a number out of range; SQLite's encoding error): nothing was recorded, and the same
+    values would be refused again, so the receiver answers 422, not "retry later"."""
 
 
 class BrokerError(FlaketriageError):

@@ -4,7 +4,8 @@ Every write route checks, in order: the body's size (413), the signature over th
 a source whose secret is unset refuses everything), the JSON and its schema (400, 422 naming the
 field), the store an event names (422), then records the delivery and its work and answers 202 once
 that is committed and handed to the broker (503 when the database or the broker is down, so the
-sender retries; a repeated delivery is answered 200 and does nothing). Bad input never gets a 500.
+sender retries; a repeated delivery is answered 200 and does nothing). Bad input never gets a 500,
+and a value the database refuses as data is a 422, never an outage.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from flaketriage import __version__
-from flaketriage.errors import BrokerError, RecordsError, SignatureError
+from flaketriage.errors import BrokerError, RecordsDataError, RecordsError, SignatureError
 from flaketriage.events import FailureEvent
 from flaketriage.orchestrator import github_hooks, sentry_hooks
 from flaketriage.orchestrator.api_models import (
@@ -101,20 +102,31 @@ def create_app(service: Service) -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _problem(422, _validation_text(exc.errors()))
 
-    def unavailable(request: Request, outcome: str) -> None:
+    def count(request: Request, outcome: str) -> None:
         source = _SOURCES.get(request.url.path)
-        if source is not None:  # a delivery the sender will retry: counted like the others
+        if source is not None:  # a delivery refused after its route: counted like the others
             service.metrics.events.labels(source, outcome).inc()
+
+    @app.exception_handler(RecordsDataError)
+    async def _records_refused(request: Request, exc: RecordsDataError) -> JSONResponse:
+        # Not an outage: the same values would be refused again, so the sender must not retry.
+        count(request, "invalid")
+        log.warning("%s: 422, a value could not be stored: %s", request.url.path, exc)
+        return _problem(
+            422,
+            f"the request holds a value that could not be stored ({exc}); nothing was recorded. "
+            "Send text as valid Unicode and numbers as JSON numbers",
+        )
 
     @app.exception_handler(RecordsError)
     async def _records_down(request: Request, exc: RecordsError) -> JSONResponse:
-        unavailable(request, "database_down")
+        count(request, "database_down")
         log.warning("%s: 503, the database is unavailable: %s", request.url.path, exc)
         return _problem(503, f"the database is unavailable (nothing was recorded), retry later: {exc}")
 
     @app.exception_handler(BrokerError)
     async def _broker_down(request: Request, exc: BrokerError) -> JSONResponse:
-        unavailable(request, "broker_down")
+        count(request, "broker_down")
         log.warning("%s: 503, recorded but the broker is down: %s", request.url.path, exc)
         return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
 

@@ -18,12 +18,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import Dialect, ExceptionContext, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql import Executable
 
 from flaketriage.dependencies import require
-from flaketriage.errors import ConfigError, RecordsError
+from flaketriage.errors import ConfigError, RecordsDataError, RecordsError
 from flaketriage.file_modes import OWNER_ONLY
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -124,9 +124,9 @@ class Database:
         try:
             yield session
             session.commit()
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, UnicodeEncodeError) as exc:
             session.rollback()
-            raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
+            raise self._error(exc) from exc
         except BaseException:
             session.rollback()
             raise
@@ -146,9 +146,18 @@ class Database:
         try:
             with self.engine.connect() as conn, _pipelined(conn, self), conn.begin():
                 yield conn
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, UnicodeEncodeError) as exc:
             self._note_if_invalidated(exc)
-            raise RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}") from exc
+            raise self._error(exc) from exc
+
+    def _error(self, exc: SQLAlchemyError | UnicodeEncodeError) -> RecordsError:
+        """`exc` as the receiver answers it: a value refused as data (a `DataError`; SQLite's driver
+        raises `UnicodeEncodeError` for text UTF-8 cannot encode) is the request's fault, anything
+        else the database's."""
+        if isinstance(exc, DataError | UnicodeEncodeError):
+            # No URL: the message goes back to whoever sent the value.
+            return RecordsDataError(f"the database refused a value as data: {_first_line(exc)}")
+        return RecordsError(f"the database at {self.safe_url} failed: {_first_line(exc)}")
 
     def _ping_if_idle(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         """SQLAlchemy's ``pool_pre_ping`` for connections idle past `PING_AFTER_IDLE_S`, or idle
@@ -175,7 +184,7 @@ class Database:
         if context.is_disconnect:
             self.note_lost()
 
-    def _note_if_invalidated(self, exc: SQLAlchemyError) -> None:
+    def _note_if_invalidated(self, exc: SQLAlchemyError | UnicodeEncodeError) -> None:
         """A connection our own code found dead (`fetch_together`; SQLAlchemy's own statements
         are noted by `_note_if_lost`)."""
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:

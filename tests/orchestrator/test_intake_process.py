@@ -19,7 +19,7 @@ import pytest
 import redis as redis_client
 from sqlalchemy import select
 
-from flaketriage.errors import BrokerError, RecordsError
+from flaketriage.errors import BrokerError, RecordsDataError, RecordsError
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_process import IntakeProcess
 from flaketriage.orchestrator.intake_queue import IntakeQueue
@@ -240,6 +240,22 @@ def test_odd_text_crosses_to_the_child_and_back_as_it_was(
     assert (first.outcome, again.outcome) == (IntakeOutcome.ACCEPTED, IntakeOutcome.DUPLICATE)
     with postgres_database.session() as session:
         assert list(session.scalars(select(Case.title))) == [odd.replace("\x00", "\ufffd")]
+
+
+def test_a_value_the_database_refuses_comes_back_as_a_data_error(
+    settings: Settings, postgres_database: Database
+) -> None:
+    """Not an outage: the receiver answers the child's data error 422, not 503 (`RecordsDataError`)."""
+    process = IntakeProcess(settings)
+    too_long = numbered_sighting(1, bundle_id="f" * 65)  # a varchar(64) column
+    try:
+        with pytest.raises(RecordsDataError, match="refused a value as data"):
+            asyncio.run(process.record("events", "d-1", "failure.captured", [too_long]))
+        ok = asyncio.run(process.record("events", "d-2", "failure.captured", [_sighting(2)]))
+    finally:
+        process.close()
+    assert ok.outcome == IntakeOutcome.ACCEPTED
+    assert count_rows(postgres_database, Delivery) == 1
 
 
 def test_a_burst_larger_than_a_pipe_is_answered(settings: Settings, postgres_database: Database) -> None:
