@@ -49,6 +49,7 @@ from flaketriage.orchestrator.service import Service
 from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
+from flaketriage.records.text import storable_json
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
 MAX_ID = 2**31 - 1
@@ -429,18 +430,18 @@ def _document_with(app: FastAPI, models: dict[str, type[BaseModel]]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-_LONE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-"""A ``\\uD8xx``-``\\uDFxx`` escape: half of a pair, or a lone surrogate JSON allows and UTF-8 cannot hold."""
-_LONE = re.compile("[\ud800-\udfff]")
+_UNSTORABLE = re.compile(rb"\\u[dD][89a-fA-F]|NaN|Infinity")
+"""What may read as a value no record or answer can hold: a ``\\uD8xx``-``\\uDFxx`` escape (half of a
+pair, or a lone surrogate JSON allows and UTF-8 cannot hold), NaN or an infinity (Python reads them)."""
 
 
 def _json(raw: bytes, source: str, refuse: Refuse) -> Any:
     try:
         data = json.loads(raw)
-        if _LONE_ESCAPE.search(raw):
-            # A lone surrogate would be stored and then fail every answer that shows it (a case's
-            # provenance): it becomes U+FFFD here. Pairs were joined into one character by loads.
-            data = json.loads(_LONE.sub("\ufffd", json.dumps(data, ensure_ascii=False)))
+        if _UNSTORABLE.search(raw):
+            # Would fail the hashes of its text, its records and every answer that shows it: made
+            # storable once, here, before anything reads it (`storable_json`).
+            data = storable_json(data)
     except (ValueError, UnicodeDecodeError) as exc:
         refuse(source, 400, f"the body is not JSON: {exc}", "invalid")
     except RecursionError:

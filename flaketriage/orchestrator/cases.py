@@ -20,9 +20,13 @@ from flaketriage.orchestrator.api_models import (
 from flaketriage.orchestrator.run_links import linked_cases
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, Work
+from flaketriage.records.text import storable_json
 
 
 class CaseQuery:
+    """Cases as the API answers them. Their stored JSON is shown through `storable_json`: a row
+    written before the intake made text storable answers all the same."""
+
     def __init__(self, database: Database) -> None:
         self.database = database
 
@@ -49,7 +53,7 @@ class CaseQuery:
                 return None
             return CaseDetail(
                 **summary(case).model_dump(),
-                evidence=case.evidence,
+                evidence=storable_json(case.evidence),
                 cost=_cost(case.evidence),
                 progress=progress_of(case.work_rows),
                 linked_cases=linked_cases(session, case),
@@ -59,7 +63,7 @@ class CaseQuery:
                         delivery_id=o.delivery_id,
                         bundle_id=o.bundle_id,
                         test_id=o.test_id,
-                        provenance=o.provenance,
+                        provenance=storable_json(o.provenance),
                         received_at=o.received_at,
                     )
                     for o in case.occurrence_rows
@@ -75,7 +79,7 @@ class CaseQuery:
                         created_at=w.created_at,
                         started_at=w.started_at,
                         finished_at=w.finished_at,
-                        result=w.result,
+                        result=storable_json(w.result),
                         error=w.error,
                         replays=[
                             ReplayView(

@@ -34,6 +34,7 @@ from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
+from flaketriage.records.text import storable_json, storable_text
 from flaketriage.work import Queue, Step
 
 Trigger = Literal["auto", "always", "never"]
@@ -91,31 +92,30 @@ _ATTEMPTS = 3
 """Tries of one delivery's transaction when a concurrent one commits a row it also inserts."""
 
 
-def _column_text(text: str) -> str:
-    # PostgreSQL text cannot hold NUL; the replacement character shows where one was.
-    return text.replace("\x00", "\ufffd")
-
-
 def _optional_text(text: str | None, longest: int | None = None) -> str | None:
     """`text` as a column holds it; None when it is longer than the column (a cut name is a wrong one)."""
     if text is None:
         return None
-    text = _column_text(text)
+    text = storable_text(text)
     return None if longest is not None and len(text) > longest else text
 
 
 def _storable(sighting: Sighting) -> Sighting:
-    """`sighting` as the columns hold it (JSON columns keep NUL as ``\\u0000``, so provenance stays)."""
+    """`sighting` as the records hold it, whatever route it came by: its columns without NUL or lone
+    surrogates (a command's undecodable bytes are in its title), its JSON without lone surrogates,
+    NaN or infinities (`flaketriage.records.text`)."""
     return replace(
         sighting,
-        fingerprint=_column_text(sighting.fingerprint),
+        fingerprint=storable_text(sighting.fingerprint),
         identity=_optional_text(sighting.identity),
         cause_key=_optional_text(sighting.cause_key),
-        title=_column_text(sighting.title)[:500],
+        title=storable_text(sighting.title)[:500],
         test_id=_optional_text(sighting.test_id),
         job=_optional_text(sighting.job),
         repository=_optional_text(sighting.repository, 200),
         store_url=_optional_text(sighting.store_url),
+        provenance=storable_json(sighting.provenance),
+        reply_to=storable_json(sighting.reply_to),
     )
 
 
@@ -217,8 +217,8 @@ class Intake:
         prepared = [
             (
                 source,
-                _column_text(delivery_id)[:128],
-                _column_text(kind)[:64],
+                storable_text(delivery_id)[:128],
+                storable_text(kind)[:64],
                 [_storable(s) for s in sightings],
             )
             for source, delivery_id, kind, sightings in items
