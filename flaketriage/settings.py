@@ -313,6 +313,13 @@ class Settings(BaseSettings):
     max_body_kb: int = Field(
         default=1024, ge=1, description="Largest request body the service accepts (larger: 413)."
     )
+    max_bundles_per_delivery: int = Field(
+        default=50,
+        ge=1,
+        description="Most bundles one GitHub or Sentry delivery may have triaged (bundle lines of a "
+        "check run or an issue, `/flaketriage triage` commands): the first this many different ids "
+        "are read, the others left out and counted in the answer's notes.",
+    )
     retriage_after_h: float = Field(
         default=168.0,
         gt=0,

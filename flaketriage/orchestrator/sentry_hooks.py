@@ -4,8 +4,8 @@ The failure is fingerprinted in the same space as captured bundles (`fingerprint
 exception type as Python prints it, the message, and the frames (Sentry lists them oldest first,
 as a traceback does), so a production error of the same exception in the same code path as a
 bundle captured in CI lands on the same case. A ``flaketriage.bundle`` tag (Sentry sends tags as
-``[key, value]`` pairs) starts a triage of that bundle. Other resources (``metric_alert``,
-``installation``, ...) are acknowledged and ignored.
+``[key, value]`` pairs) starts a triage of that bundle; one that is not a bundle id is refused. Other
+resources (``metric_alert``, ``installation``, ...) are acknowledged and ignored.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from flaketriage.fingerprint import fingerprint_exception
 from flaketriage.orchestrator.intake import Sighting, cause_key
 from flaketriage.orchestrator.payloads import Parsed, PayloadError, field_of
-from flaketriage.orchestrator.sightings import StorePolicy, resolve_bundles
+from flaketriage.orchestrator.sightings import StorePolicy, is_bundle_id, resolve_bundles
 
 BUNDLE_TAG = "flaketriage.bundle"
 _UNQUALIFIED = {None, "", "builtins", "__builtin__", "exceptions", "__main__"}
@@ -112,10 +112,20 @@ def _event_alert(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
         raise PayloadError("data.event has neither exception.values nor a flaketriage.bundle tag")
     bundle = tags.get(BUNDLE_TAG)
     if bundle:
-        found, missing = resolve_bundles([bundle.strip().lower()], policy, trigger="auto", extra=provenance)
+        found, missing = resolve_bundles([_bundle_id(bundle)], policy, trigger="auto", extra=provenance)
         parsed.sightings.extend(found)
         parsed.notes.extend(missing)
     return parsed
+
+
+def _bundle_id(tag: str) -> str:
+    ident = tag.strip().lower()
+    if not is_bundle_id(ident):
+        raise PayloadError(
+            f"data.event.tags: {BUNDLE_TAG} must name a bundle by its id, 12 to 64 hex digits (as "
+            f"flaketriage.ci.sentry sets it), not {tag[:80]!a}; fix the tag where it is set"
+        )
+    return ident
 
 
 def _issue(payload: dict[str, Any]) -> Parsed:

@@ -66,7 +66,9 @@ class Service:
             sender=sender,
             dispatcher=intake.dispatcher,
             intake=intake,
-            policy=StorePolicy(settings.resolved_allowed_stores()),
+            policy=StorePolicy(
+                settings.resolved_allowed_stores(), max_bundles=settings.max_bundles_per_delivery
+            ),
             metrics=ServiceMetrics(database),
             intake_queue=IntakeQueue(intake) if intake_queue is None else intake_queue,
         )

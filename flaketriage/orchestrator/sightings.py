@@ -2,27 +2,36 @@
 GitHub check run, issue or Sentry tag names (then its manifest says what failed).
 
 Bundles are read only from the stores the service is configured to read (``allowed_stores``), so a
-signed event cannot point a worker at an arbitrary path.
+signed event cannot point a worker at an arbitrary path; a webhook names them by id only (12 to 64 hex
+digits, checked before any store is opened), at most ``max_bundles_per_delivery`` different ones per
+delivery, and what is said back about them never names a path of the server's.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from flaketriage.bundle import load_manifest
-from flaketriage.errors import FlaketriageError
+from flaketriage.errors import BundleNotFoundError, FlaketriageError
 from flaketriage.events import FailureEvent
 from flaketriage.manifest import Manifest
 from flaketriage.orchestrator.intake import Sighting, Trigger, cause_key
 from flaketriage.store import open_store, store_url
 from flaketriage.titles import clip
 
+BUNDLE_ID = re.compile(r"[0-9a-f]{12,64}")
+"""A bundle as a webhook may name it: its id, or a prefix of 12 hex digits or more."""
 BUNDLE_LINE = re.compile(r"^\s*flaketriage-bundle:\s*([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
 """How CI output, an issue body or a check run's summary names a bundle: ``flaketriage-bundle: <id>``."""
+MAX_BUNDLES = 50
+"""The most different bundles one delivery may name (``FLAKETRIAGE_MAX_BUNDLES_PER_DELIVERY``)."""
+
+log = logging.getLogger("flaketriage.receiver")
 
 _GITHUB_REPO = re.compile(r"^https://[^/]+/(?P<repo>[^/]+/[^/]+)/actions/runs/")
 
@@ -32,10 +41,12 @@ class StoreNotAllowed(FlaketriageError):
 
 
 class StorePolicy:
-    """The stores the service may read, by canonical URL; the first is where bare bundle ids live."""
+    """The stores the service may read, by canonical URL (the first is where bare bundle ids live),
+    and how many bundles one delivery may have read there."""
 
-    def __init__(self, allowed: Sequence[str]) -> None:
+    def __init__(self, allowed: Sequence[str], *, max_bundles: int = MAX_BUNDLES) -> None:
         self.allowed = [store_url(url) for url in allowed]
+        self.max_bundles = max_bundles
         if not self.allowed:
             raise StoreNotAllowed("no store is allowed: set FLAKETRIAGE_ALLOWED_STORES or FLAKETRIAGE_STORE")
         # Every event names its store: the answer for the few locations senders use is kept (a
@@ -117,34 +128,62 @@ def from_manifest(manifest: Manifest, url: str, *, trigger: Trigger, extra: dict
     )
 
 
+def is_bundle_id(text: str) -> bool:
+    """Whether `text` names a bundle as a webhook may (`BUNDLE_ID`, lower case)."""
+    return BUNDLE_ID.fullmatch(text) is not None
+
+
 def bundle_ids(*texts: str | None) -> list[str]:
     """Every ``flaketriage-bundle: <id>`` line in `texts`, in order, without repeats."""
-    found: list[str] = []
-    for text in texts:
-        for match in BUNDLE_LINE.finditer(text or ""):
-            ident = match.group(1).lower()
-            if ident not in found:
-                found.append(ident)
-    return found
+    found = (match.group(1).lower() for text in texts for match in BUNDLE_LINE.finditer(text or ""))
+    return list(dict.fromkeys(found))
 
 
 def resolve_bundles(
     idents: Sequence[str], policy: StorePolicy, *, trigger: Trigger, extra: dict[str, Any]
 ) -> tuple[list[Sighting], list[str]]:
-    """Sightings of the bundles named by id in the default store, and a note for each not found."""
-    sightings: list[Sighting] = []
-    missing: list[str] = []
+    """Sightings of the bundles named by id in the default store, the first `policy.max_bundles`
+    different ones, and notes: one for each that is not there, and one counting those left out.
+
+    The notes go back to whoever sent the delivery: they name the id, never the store's path (the
+    receiver's log has the whole error)."""
+    different = list(dict.fromkeys(idents))
+    named = [ident for ident in different if is_bundle_id(ident)]
+    taken = named[: policy.max_bundles]
+    sightings, notes = _read_bundles(taken, policy, trigger=trigger, extra=extra)
+    if len(different) > len(named):  # never a path: checked before any store is opened
+        notes.append(f"{len(different) - len(named)} named are not bundle ids (12 to 64 hex digits)")
+    if len(named) > len(taken):
+        notes.append(
+            f"{len(named) - len(taken)} more bundles named were left out: one delivery may name at "
+            f"most {policy.max_bundles} (FLAKETRIAGE_MAX_BUNDLES_PER_DELIVERY); name them in another"
+        )
+    return sightings, notes
+
+
+def _read_bundles(
+    idents: Sequence[str], policy: StorePolicy, *, trigger: Trigger, extra: dict[str, Any]
+) -> tuple[list[Sighting], list[str]]:
     if not idents:
-        return sightings, missing
+        return [], []
     try:
         store = open_store(policy.default, readonly=True)
     except FlaketriageError as exc:  # not created yet (nothing captured), or unreadable
-        return sightings, [f"{ident}: {exc}" for ident in idents]
+        log.warning("the store %s cannot be read: %s", policy.default, exc)
+        return [], [
+            f"{ident}: the service's store cannot be read (nothing captured yet?)" for ident in idents
+        ]
+    sightings: list[Sighting] = []
+    notes: list[str] = []
     for ident in idents:
         try:
             manifest = load_manifest(store, ident)
+        except BundleNotFoundError:
+            notes.append(f"{ident}: no such bundle in the service's store (FLAKETRIAGE_STORE); push it there")
+            continue
         except FlaketriageError as exc:
-            missing.append(f"{ident}: {exc}")
+            log.warning("bundle %s in %s cannot be read: %s", ident, policy.default, exc)
+            notes.append(f"{ident}: the bundle cannot be read from the service's store; its log says why")
             continue
         sightings.append(from_manifest(manifest, policy.default, trigger=trigger, extra=extra))
-    return sightings, missing
+    return sightings, notes

@@ -237,6 +237,50 @@ def test_a_bundle_line_is_read_only_from_the_allowed_store_even_before_it_exists
     assert receiver.works() == []
 
 
+def test_a_note_never_names_a_path_of_the_servers(
+    make_receiver: MakeReceiver, captured: Captured, load_payload: Load, tmp_path: Path
+) -> None:
+    """Notes go back to whoever sent the delivery: a bundle not there, or a store not there, is said
+    by the id alone."""
+    summary = f"flaketriage-bundle: {MISSING}"
+    empty = tmp_path / "not-created-yet"
+    for receiver in (make_receiver(), make_receiver(store=str(empty), allowed_stores=[str(empty)])):
+        response = receiver.github("check_run", _check_run(load_payload, summary=summary))
+
+        assert response.status_code == 200, response.text
+        [note] = response.json()["notes"]
+        assert MISSING in note and "store" in note
+        assert str(captured.store) not in note and str(tmp_path) not in note
+
+
+def test_a_delivery_naming_more_bundles_than_allowed_reads_only_so_many(
+    make_receiver: MakeReceiver, captured: Captured, load_payload: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30,000 bundle lines once took 16 s and answered 4 MB: the first few different ids are read, the
+    rest counted in one note."""
+    from flaketriage.orchestrator import sightings
+
+    reads: list[str] = []
+    load = sightings.load_manifest
+    monkeypatch.setattr(
+        sightings, "load_manifest", lambda store, ident: reads.append(ident) or load(store, ident)
+    )
+    receiver = make_receiver(max_bundles_per_delivery=3, max_body_kb=8192)
+    named = [captured.value_error] * 5 + [f"{n:064x}" for n in range(30_000)]
+    summary = "\n".join(f"flaketriage-bundle: {ident}" for ident in named)
+
+    response = receiver.github("check_run", _check_run(load_payload, summary=summary, text=summary))
+
+    assert response.status_code == 202, response.text
+    assert reads == [captured.value_error, f"{0:064x}", f"{1:064x}"]  # repeats read once
+    *missing, left_out = response.json()["notes"]
+    assert len(missing) == 2
+    assert left_out.startswith("29998 more bundles") and "FLAKETRIAGE_MAX_BUNDLES_PER_DELIVERY" in left_out
+    assert len(response.content) < 2048
+    [work] = receiver.works()
+    assert work.bundle_id == captured.value_error
+
+
 # -- requests from people -------------------------------------------------------------------------
 def test_an_issue_labelled_flaketriage_triages_its_bundle_and_replies_there(
     receiver: Receiver, captured: Captured, load_payload: Load

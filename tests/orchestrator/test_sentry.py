@@ -311,3 +311,29 @@ def test_an_exception_module_that_is_not_a_string_is_not_a_module(
 
     assert response.status_code == 200, response.text
     assert len(receiver.cases()) == 1
+
+
+@pytest.mark.parametrize(
+    "tag",
+    ["ab\x00cd" * 4, "/" * 64, "../" * 20, "e" * 65, "e" * 11, "g" * 12, "\u00ff" * 12, "x\ud800" * 8],
+    ids=["nul", "slashes", "dot-dots", "too-long", "too-short", "not-hex", "latin-1", "lone-surrogate"],
+)
+def test_a_tag_that_is_not_a_bundle_id_is_a_422_before_any_store_is_opened(
+    receiver: Receiver, captured: Captured, load_payload: Load, monkeypatch: pytest.MonkeyPatch, tag: str
+) -> None:
+    """A bundle is named by 12 to 64 hex digits: anything else never reaches the file system, and the
+    answer names no path of the server's."""
+
+    def no_store(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a store was opened for a tag that is not a bundle id")
+
+    monkeypatch.setattr("flaketriage.orchestrator.sightings.open_store", no_store)
+    data = _tagged(_alert(load_payload, captured.project), tag)
+
+    response = receiver.sentry("event_alert", json.dumps(data).encode())
+
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "flaketriage.bundle" in detail and "12 to 64 hex digits" in detail
+    assert str(captured.store) not in response.text and "/tmp" not in response.text
+    assert receiver.counts()["deliveries"] == 0
