@@ -25,6 +25,7 @@ from flaketriage.orchestrator.intake import Sighting
 from flaketriage.orchestrator.payloads import Parsed, field_of
 from flaketriage.orchestrator.run_links import run_url
 from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
+from flaketriage.titles import clip
 
 LABEL = "flaketriage"
 COMMANDERS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
@@ -155,12 +156,14 @@ def _comment(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
         return Parsed(handled=False)
     association = field_of(payload, "comment.author_association", required=False)
     if association not in COMMANDERS:
-        author = field_of(payload, "comment.user.login", required=False) or "the author"
+        # Cut: the answer echoes the payload's words, and a payload's may be as long as its body.
+        author = clip(field_of(payload, "comment.user.login", required=False) or "the author", 60)
+        role = clip(str(association or "unknown"), 30).lower()
         return Parsed(
             handled=False,
             notes=[
-                f"/flaketriage ignored: {author} is {str(association or 'unknown').lower()} on this "
-                "repository; an owner, member or collaborator may ask"
+                f"/flaketriage ignored: {author} is {role} on this repository; an owner, member or "
+                "collaborator may ask"
             ],
         )
     target = _issue_target(payload)

@@ -368,6 +368,21 @@ def test_a_triage_comment_from_outside_the_repository_is_ignored_and_said_so(
     assert receiver.works() == [] and receiver.sender.sent == []
 
 
+def test_the_note_on_an_outsiders_comment_is_bounded_whatever_the_payload_says(
+    make_receiver: MakeReceiver, captured: Captured, load_payload: Load
+) -> None:
+    receiver = make_receiver(max_body_kb=1024)
+    data = _comment(load_payload, f"/flaketriage triage {captured.key_error[:12]}")
+    data["comment"]["user"]["login"] = "x" * 200_000
+    data["comment"]["author_association"] = "NONE" * 100_000
+
+    response = receiver.github("issue_comment", data)
+
+    assert response.status_code == 200, response.text
+    [note] = response.json()["notes"]
+    assert len(note) < 400 and "collaborator may ask" in note
+
+
 @pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR"])
 def test_a_triage_comment_from_the_repository_is_obeyed(
     receiver: Receiver, captured: Captured, load_payload: Load, association: str
