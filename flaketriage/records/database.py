@@ -118,7 +118,8 @@ class Database:
     def session(self) -> Iterator[Session]:
         """A session whose transaction commits when the block ends and rolls back on an error.
 
-        Database errors become `RecordsError` (the receiver answers 503 to them).
+        Database errors become `RecordsError` (the receiver answers 503 to them), a value refused as
+        data `RecordsDataError` (422: the request's fault, not an outage).
         """
         session = self._sessions()
         try:
