@@ -30,7 +30,10 @@ from flaketriage.titles import clip
 LABEL = "flaketriage"
 COMMANDERS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
 """The ``author_association`` values whose ``/flaketriage`` comments are obeyed."""
-COMMAND = re.compile(r"^\s*/flaketriage\s+triage\s+([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
+COMMAND = re.compile(
+    r"^[ \t]*/flaketriage[ \t]+triage[ \t]+([0-9a-f]{12,64})[ \t\r]*$", re.MULTILINE | re.IGNORECASE
+)
+"""A ``/flaketriage triage <bundle-id>`` line of a comment (blanks as in `BUNDLE_LINE`)."""
 
 
 def _fingerprint(*parts: str) -> str:

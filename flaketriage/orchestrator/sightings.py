@@ -26,8 +26,12 @@ from flaketriage.titles import clip
 
 BUNDLE_ID = re.compile(r"[0-9a-f]{12,64}")
 """A bundle as a webhook may name it: its id, or a prefix of 12 hex digits or more."""
-BUNDLE_LINE = re.compile(r"^\s*flaketriage-bundle:\s*([0-9a-f]{12,64})\s*$", re.MULTILINE | re.IGNORECASE)
-"""How CI output, an issue body or a check run's summary names a bundle: ``flaketriage-bundle: <id>``."""
+BUNDLE_LINE = re.compile(
+    r"^[ \t]*flaketriage-bundle:[ \t]*([0-9a-f]{12,64})[ \t\r]*$", re.MULTILINE | re.IGNORECASE
+)
+"""How CI output, an issue body or a check run's summary names a bundle: ``flaketriage-bundle: <id>``,
+on one line. Blanks, not ``\\s``: a match that may start on one line and go on over the next tries
+every line end after each line start, quadratic in a body of blank lines."""
 MAX_BUNDLES = 50
 """The most different bundles one delivery may name (``FLAKETRIAGE_MAX_BUNDLES_PER_DELIVERY``)."""
 
