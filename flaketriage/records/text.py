@@ -6,8 +6,9 @@ PostgreSQL text cannot hold) and, as Python reads it, ``NaN`` and the infinities
 PostgreSQL's json refuses them, a JSON answer writes null). `storable_text` and `storable_json` make
 such input storable, replacing rather than refusing (a failure report with one odd byte is still a
 failure to record): the receiver runs every payload it parses through `storable_json`, the intake every
-sighting's columns through `storable_text`, and the case reads their stored JSON through
-`storable_json` again, for rows written before.
+sighting (its columns through `storable_text`, its provenance through `storable_json`: a command's
+undecodable bytes reach a case's title), and the case reads their stored JSON through `storable_json`
+again, for rows written before.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ REPLACEMENT = "\ufffd"
 """What stands where a character was that could not be kept: U+FFFD, as a decoder writes it."""
 
 _UNENCODABLE = re.compile("[\ud800-\udfff]")
+"""What UTF-8 cannot encode: a lone surrogate (a pair is one character in a Python string)."""
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""What a text column cannot hold: that, and NUL (PostgreSQL)."""
 
 
 def storable_text(text: str) -> str:
