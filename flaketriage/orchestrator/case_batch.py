@@ -1,13 +1,13 @@
 """The cases one batch of deliveries reads and writes, in a few statements whatever the batch holds.
 
 `CaseBatch.load` reads, in one round trip, every case the batch sights (locked on PostgreSQL) and
-per cause the first case outside the batch that leads a storm; on PostgreSQL it also takes an id
-from the cases' sequence for each failure that has no case yet. The storm leaders that sighted
-cases follow, when there are any, are read after. The rules then change the rows in memory. A case
-the batch creates gets a provisional id (negative, in the order the batch first sights the new
-cases), and `create_new` inserts it once, as the rules left it, its real id following the same
-order (the reserved ids, or those the INSERT gives on SQLite). `write_back` adds the occurrences and
-updates what changed.
+per cause the first case outside the batch that leads a storm. The storm leaders that sighted cases
+follow, when there are any, are read after. The rules then change the rows in memory. A case the
+batch creates gets a provisional id (negative, in the order the batch first sights the new cases),
+and `create_new` inserts it once, as the rules left it, its real id the one the INSERT gives (in the
+same order). Ids are taken only for the cases created: a batch whose deliveries turn out to be
+repeats takes none, as the same deliveries one at a time take none. `write_back` adds the
+occurrences and updates what changed.
 
 The rules see what a query would see had every change so far been written: the batch's own rows as
 they are in memory, the others as read (no other writer changes them meanwhile: the batch's are
@@ -25,7 +25,7 @@ from sqlalchemy import Connection, bindparam, func, select
 
 from flaketriage.records import Case, CaseStatus, Occurrence
 from flaketriage.records.bulk import insert_rows, one_of, update_rows
-from flaketriage.records.database import Query, deferred, fetch_together
+from flaketriage.records.database import Query, fetch_together
 
 _STATE = (
     Case.id,
@@ -143,14 +143,6 @@ _FIRST_LEADERS = {
 }
 """Per cause, the first case outside the batch (found by none of its identities or fingerprints)
 that leads a storm since ``since``."""
-_RESERVE_IDS = (
-    "SELECT nextval(pg_get_serial_sequence('cases', 'id'))"
-    " FROM unnest(%(identities)s::text[], %(fingerprints)s::text[]) AS f(identity, fp)"
-    " WHERE NOT EXISTS (SELECT 1 FROM cases WHERE cases.identity = f.identity OR cases.fingerprint = f.fp)"
-)
-"""PostgreSQL: an id for each failure that has no case yet (taken from the table's sequence, as an
-INSERT would), so the new cases are written without waiting for their ids."""
-_MORE_IDS = "SELECT nextval(pg_get_serial_sequence('cases', 'id')) FROM generate_series(1, %(n)s)"
 
 
 @dataclass(frozen=True)
@@ -188,8 +180,6 @@ class CaseBatch:
     by_cause: dict[str, list[CaseRow]] = field(default_factory=dict)
     """The sighted cases by cause, existing ones by id, then the new ones: the order of their ids."""
     occurrences: list[tuple[CaseRow, dict[str, Any]]] = field(default_factory=list)
-    reserved: list[int] | None = None
-    """PostgreSQL: ids taken for the cases to create, ascending (None: the INSERT gives them)."""
 
     @classmethod
     def load(
@@ -215,15 +205,6 @@ class CaseBatch:
         if leaders:
             since = now - storm_window
             reads.append(Query(_FIRST_LEADERS[dialect], {"causes": causes, "since": since} | fingerprints))
-        reserve = dialect == "postgresql"
-        if reserve:
-            identities = list(first)
-            reads.append(
-                Query(
-                    _RESERVE_IDS,
-                    {"identities": identities, "fingerprints": [first[i].fingerprint for i in identities]},
-                )
-            )
         answers = fetch_together(conn, [*along, *reads])
         given, answers = answers[: len(along)], answers[len(along) :]
         new: dict[int, NewCase] = {}
@@ -233,8 +214,6 @@ class CaseBatch:
         if followed:  # a storm's follower sighted again: its leader, read now
             for row in fetch_together(conn, [Query(_READ_CASES[dialect], {"ids": sorted(followed)})])[0]:
                 batch.by_id[row[0]] = CaseRow.of(row)
-        if reserve:
-            batch.reserved = sorted(int(row[0]) for row in answers[-1])
         batch._add_leaders(conn, storm_window, answers[1] if leaders else [], set(causes))
         return batch, given
 
@@ -305,15 +284,11 @@ class CaseBatch:
                 }
                 | {k: v for k, v in case.stored.items() if k != "id"}
             )
-        if self.reserved is None:
-            created = insert_rows(conn, Case, rows, returning=("id", "fingerprint"))
-            ids = {fingerprint: id_ for id_, fingerprint in created}
-        else:
-            ids = dict(
-                zip((row["fingerprint"] for row in rows), self._take_ids(conn, len(rows)), strict=True)
-            )
-            with deferred(conn):  # nothing to read back: the ids are known
-                insert_rows(conn, Case, [row | {"id": ids[row["fingerprint"]]} for row in rows])
+        # The INSERT takes the ids: taken before it (in the round trip of `load`), those of a
+        # batch whose deliveries were repeats would be taken for nothing, and the cases of the same
+        # deliveries recorded one at a time or together would be numbered differently.
+        created = insert_rows(conn, Case, rows, returning=("id", "fingerprint"))
+        ids = {fingerprint: id_ for id_, fingerprint in created}
         real = {provisional: ids[made.fingerprint] for provisional, made in self.new.items()}
         for case in cases:
             case.id = real[case.id]
@@ -324,16 +299,6 @@ class CaseBatch:
                 case.storm_of = real[case.storm_of]
         self.by_id = {case.id: case for case in self.by_id.values()}
         self.new = {}
-
-    def _take_ids(self, conn: Connection, count: int) -> list[int]:
-        """`count` reserved ids, in order; more from the sequence if a case was created meanwhile
-        (then inserting it fails, and the intake tries the batch again)."""
-        assert self.reserved is not None
-        if len(self.reserved) < count:
-            more = fetch_together(conn, [Query(_MORE_IDS, {"n": count - len(self.reserved)})])[0]
-            self.reserved += sorted(int(row[0]) for row in more)
-        taken, self.reserved = self.reserved[:count], self.reserved[count:]
-        return taken
 
     def write_back(self, conn: Connection) -> None:
         """Insert the occurrences and update the cases that changed since read or created."""

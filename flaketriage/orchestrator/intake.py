@@ -2,7 +2,8 @@
 
 One delivery (an event, a GitHub or Sentry webhook) carries zero or more `Sighting`s of failures.
 `Intake.record` writes the delivery, each sighting's case and occurrence, and the triages they start,
-in one transaction; only after it commits are the tasks sent. A delivery seen before does nothing.
+in one transaction; only after it commits are the tasks sent. A delivery seen before does nothing:
+it writes no case, occurrence or work, whatever failures it names (a repeated id with another body).
 
 When a failure starts a triage:
 
@@ -256,15 +257,24 @@ class Intake:
                         skip_conflicts_on=("source", "delivery_id"),
                     )
                 )
-            batch, given = CaseBatch.load(conn, _first_sightings(items), now, self.storm_window, along=along)
+            first = _first_sightings(items)
+            batch, given = CaseBatch.load(conn, first, now, self.storm_window, along=along)
             new = {(src, did): (id_, rows[src, did]) for written in given for id_, src, did in written}
+            added = [new.pop((source, delivery_id), None) for source, delivery_id, _, _ in items]
+            recorded = [item for item, row in zip(items, added, strict=True) if row is not None]
+            kept = _first_sightings(recorded)
+            if list(kept.items()) != list(first.items()):
+                # A repeated delivery (recorded before, by a concurrent transaction, or earlier in
+                # this batch) writes nothing, whatever it sights: read again for the failures of the
+                # deliveries recorded now alone, so that no case is made, nor identity adopted, for
+                # a delivery that is not recorded (it would be a case without an occurrence).
+                batch, _ = CaseBatch.load(conn, kept, now, self.storm_window)
             deliveries: list[_Delivery | None] = []
-            for source, delivery_id, _, sightings in items:
-                added = new.pop((source, delivery_id), None)
-                if added is None:  # recorded before, or earlier in this batch
+            for (source, delivery_id, _, sightings), row in zip(items, added, strict=True):
+                if row is None:  # recorded before, or earlier in this batch
                     deliveries.append(None)
                     continue
-                delivery = _Delivery(*added)
+                delivery = _Delivery(*row)
                 seen: dict[int, dict[str, Any]] = {}
                 for sighting in sightings:
                     case = batch.sighted[sighting.case_identity]

@@ -84,6 +84,34 @@ def test_the_same_event_again_is_a_duplicate_that_writes_and_sends_nothing(
     assert receiver.sender.sent == sent
 
 
+def test_the_same_body_signed_again_later_is_a_duplicate(receiver: Receiver, captured: Captured) -> None:
+    # What the sender's retry (or a captured body signed again) sends: the signature is fresh, the
+    # body's event_id is not.
+    body = captured.event(captured.value_error).body()
+    assert receiver.post_event(body).status_code == 202
+    counts, sent = receiver.counts(), list(receiver.sender.sent)
+
+    again = receiver.post_event(body, **signed_headers(SECRET, body, now=time.time() + 120))
+
+    assert again.status_code == 200 and again.json()["outcome"] == "duplicate"
+    assert receiver.counts() == counts and receiver.sender.sent == sent
+
+
+def test_an_event_id_again_with_another_failure_is_a_duplicate_that_writes_nothing(
+    receiver: Receiver, captured: Captured
+) -> None:
+    first = captured.event(captured.value_error)
+    assert receiver.post_event(first).status_code == 202
+    counts, sent = receiver.counts(), list(receiver.sender.sent)
+
+    other = captured.event(captured.key_error, event_id=first.event_id)
+    again = receiver.post_event(other)
+
+    assert again.json() == {"outcome": "duplicate", "cases": [], "work": [], "notes": []}
+    assert receiver.counts() == counts and receiver.sender.sent == sent
+    assert [case.fingerprint for case in receiver.cases()] == [first.fingerprint]
+
+
 # -- refused before anything is written ----------------------------------------------------------
 def _body(captured: Captured, **changes: Any) -> bytes:
     """An event's JSON with fields changed (None: removed), re-serialized as the sender would."""

@@ -13,7 +13,7 @@ from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.orchestrator.intake import Intake, IntakeOutcome, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_queue import IntakeQueue
-from flaketriage.records import Case, Database, Delivery, Work
+from flaketriage.records import Case, Database, Delivery, Occurrence, Work
 from tests.orchestrator.recorders import count_rows, numbered_sighting, record_each_twice_at_once
 
 
@@ -135,3 +135,41 @@ def test_a_request_that_went_away_does_not_stop_the_writers(database: Database) 
     finally:
         queue.close()
     assert count_rows(database, Delivery) == 2  # what was sent is recorded, whether or not anyone waits
+
+
+def test_one_delivery_id_with_twenty_failures_at_once_is_one_delivery_and_its_one_case(
+    database: Database,
+) -> None:
+    # The same id, each time with another failure (a sender that reuses ids, a forged repeat):
+    # the first recorded is the delivery; the others are duplicates and write nothing, whether they
+    # land in its batch or in transactions of their own racing it.
+    sender = MemorySender()
+    queue = _queue(database, sender)
+
+    async def together() -> list[IntakeResult]:
+        calls = [queue.record("events", "d-same", "failure.captured", [_sighting(n)]) for n in range(20)]
+        return await asyncio.gather(*calls)
+
+    try:
+        batched = asyncio.run(together())
+    finally:
+        queue.close()
+    intake = queue.intake
+    racing: list[IntakeResult] = []
+    threads = [
+        threading.Thread(
+            target=lambda n=n: racing.append(
+                intake.record("events", "d-other", "failure.captured", [_sighting(100 + n)])
+            )
+        )
+        for n in range(20)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for results in (batched, racing):
+        outcomes = [r.outcome for r in results]
+        assert len(outcomes) == 20 and outcomes.count(IntakeOutcome.DUPLICATE) == 19, outcomes
+    assert [count_rows(database, model) for model in (Delivery, Case, Occurrence, Work)] == [2, 2, 2, 2]
+    assert len(sender.sent) == 2
