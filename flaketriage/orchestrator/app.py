@@ -477,8 +477,12 @@ def _record(
     # A route that reads bundles (blocking) runs on a worker thread; the delivery is recorded
     # through the event loop, as every other one is.
     sightings = parsed.sightings if parsed.handled else []
-    result = anyio.from_thread.run(service.intake_queue.record, source, delivery, kind, sightings)
-    return answer(source, result, parsed.notes, delivery)
+    # Recorded by what the signed body is about, when it says: the sender's delivery id is a header
+    # nobody signed, and a captured body re-sent under a new one must not be new (a comment's
+    # triage started again, a run counted twice). The sender's id is still logged beside it.
+    key = parsed.subject or delivery
+    result = anyio.from_thread.run(service.intake_queue.record, source, key, kind, sightings)
+    return answer(source, result, parsed.notes, delivery if key == delivery else f"{delivery} ({key})")
 
 
 def quarantine_etag(document: bytes) -> str:

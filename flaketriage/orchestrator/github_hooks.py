@@ -12,6 +12,13 @@
   those with triage access; anyone else's command is acknowledged, ignored and said so.
 * Everything else (``ping`` included) is acknowledged and ignored.
 
+A delivery is recorded by what its body is about (`Parsed.subject`), not by ``X-GitHub-Delivery``:
+GitHub signs the body only, so a captured body re-sent under a new delivery id must be the same
+delivery (a duplicate), never a new triage or occurrence. The keys: a workflow run's id and attempt,
+a check run's id and ``completed_at``, an issue's id with the action, the label and the issue's
+``updated_at`` (the label put on again later is another request), a comment's id and
+``updated_at``.
+
 Payloads are read leniently (GitHub adds fields all the time) but what is used is type-checked.
 """
 
@@ -22,7 +29,7 @@ import re
 from typing import Any
 
 from flaketriage.orchestrator.intake import Sighting
-from flaketriage.orchestrator.payloads import Parsed, field_of
+from flaketriage.orchestrator.payloads import Parsed, field_of, subject
 from flaketriage.orchestrator.run_links import run_url
 from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
 from flaketriage.titles import clip
@@ -41,17 +48,35 @@ def _fingerprint(*parts: str) -> str:
 
 
 def parse(event: str, payload: dict[str, Any], policy: StorePolicy) -> Parsed:
-    """The sightings of one GitHub delivery (``X-GitHub-Event`` = `event`)."""
+    """The sightings of one GitHub delivery (``X-GitHub-Event`` = `event`), and what it is about."""
     action = payload.get("action")
     if event == "workflow_run" and action == "completed":
-        return _workflow_run(payload)
-    if event == "check_run" and action == "completed":
-        return _check_run(payload, policy)
-    if event == "issues" and action in ("labeled", "opened"):
-        return _issue(payload, policy)
-    if event == "issue_comment" and action == "created":
-        return _comment(payload, policy)
-    return Parsed(handled=False)
+        parsed = _workflow_run(payload)
+        parsed.subject = _subject(event, "workflow_run.id", "workflow_run.run_attempt", payload=payload)
+    elif event == "check_run" and action == "completed":
+        parsed = _check_run(payload, policy)
+        parsed.subject = _subject(event, "check_run.id", "check_run.completed_at", payload=payload)
+    elif event == "issues" and action in ("labeled", "opened"):
+        parsed = _issue(payload, policy)
+        parsed.subject = _subject(
+            event, "issue.id", "action", "label.name", "issue.updated_at", payload=payload
+        )
+    elif event == "issue_comment" and action == "created":
+        parsed = _comment(payload, policy)
+        parsed.subject = _subject(event, "comment.id", "comment.updated_at", payload=payload)
+    else:
+        parsed = Parsed(handled=False)
+    return parsed
+
+
+def _subject(event: str, identifier: str, *more: str, payload: dict[str, Any]) -> str | None:
+    """The key of a body: `event`, its `identifier` field (None without one: the delivery id is
+    the key then) and the `more` fields that tell its events apart (a field it lacks is empty)."""
+    found = field_of(payload, identifier, (int, str), required=False)
+    if found is None:
+        return None
+    values = (field_of(payload, path, (int, str), required=False) for path in more)
+    return subject(event, found, *("" if value is None else value for value in values))
 
 
 def _workflow_run(payload: dict[str, Any]) -> Parsed:

@@ -1,11 +1,12 @@
 """Reading webhook payloads: leniently (senders add fields all the time), but what is used is checked.
 
 `field_of` reads a dotted path and says which field was missing or of the wrong type; `Parsed` is
-what a delivery asks the service to record.
+what a delivery asks the service to record, and what it is about (`Parsed.subject`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,18 @@ class Parsed:
     handled: bool
     sightings: list[Sighting] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    subject: str | None = None
+    """What the signed body is about, as the body names it (``workflow_run:<id>:<attempt>``, a
+    comment's id and ``updated_at`` ...): the delivery's key, so that the same body sent again under
+    another delivery id (a header the signature does not cover) is a duplicate. None: the body names
+    nothing of its own, and the sender's delivery id is the key."""
+
+
+def subject(*parts: object) -> str:
+    """A `Parsed.subject` of `parts` (ids, actions, timestamps as the body gives them): their text
+    while it fits the delivery id's column, else its SHA-256 (a cut key could name two bodies)."""
+    text = ":".join(str(part) for part in parts)
+    return text if len(text) <= 128 else "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def field_of(data: Any, path: str, kind: type | tuple[type, ...] = str, *, required: bool = True) -> Any:

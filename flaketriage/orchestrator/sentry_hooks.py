@@ -6,6 +6,11 @@ as a traceback does), so a production error of the same exception in the same co
 bundle captured in CI lands on the same case. A ``flaketriage.bundle`` tag (Sentry sends tags as
 ``[key, value]`` pairs) starts a triage of that bundle; one that is not a bundle id is refused. Other
 resources (``metric_alert``, ``installation``, ...) are acknowledged and ignored.
+
+A delivery is recorded by what its body is about (`Parsed.subject`), not by ``Request-ID``, which
+Sentry's signature does not cover: an alert by its event's id (one event is one occurrence, however
+many rules alert on it), an issue by its id, the action and its ``lastSeen`` (a regression comes
+with a later one).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from flaketriage.fingerprint import fingerprint_exception
 from flaketriage.orchestrator.intake import Sighting, cause_key
-from flaketriage.orchestrator.payloads import Parsed, PayloadError, field_of
+from flaketriage.orchestrator.payloads import Parsed, PayloadError, field_of, subject
 from flaketriage.orchestrator.sightings import StorePolicy, is_bundle_id, resolve_bundles
 
 BUNDLE_TAG = "flaketriage.bundle"
@@ -22,11 +27,21 @@ _UNQUALIFIED = {None, "", "builtins", "__builtin__", "exceptions", "__main__"}
 
 
 def parse(resource: str, payload: dict[str, Any], policy: StorePolicy) -> Parsed:
+    """The sightings of one Sentry delivery (``Sentry-Hook-Resource`` = `resource`), and what it is
+    about."""
+    action = payload.get("action")
     if resource == "event_alert":
-        return _event_alert(payload, policy)
-    if resource == "issue" and payload.get("action") in ("created", "unresolved"):
-        return _issue(payload)
-    return Parsed(handled=False)
+        parsed = _event_alert(payload, policy)
+        event_id = field_of(payload, "data.event.event_id", (str, int), required=False)
+        parsed.subject = subject(resource, event_id) if event_id else None
+    elif resource == "issue" and action in ("created", "unresolved"):
+        parsed = _issue(payload)
+        issue_id = field_of(payload, "data.issue.id", (str, int), required=False)
+        last_seen = field_of(payload, "data.issue.lastSeen", required=False) or ""
+        parsed.subject = subject(resource, issue_id, action, last_seen) if issue_id else None
+    else:
+        parsed = Parsed(handled=False)
+    return parsed
 
 
 def _text(value: object) -> str:

@@ -430,6 +430,84 @@ def test_a_repeated_delivery_is_a_duplicate(
     assert events_total(receiver, "github", "duplicate") == 1
 
 
+Body = tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]
+"""An event, its payload, and what turns the payload into the next one of its kind."""
+
+
+def _failed_run(load_payload: Load, captured: Captured) -> Body:
+    def rerun(data: dict[str, Any]) -> None:
+        data["workflow_run"]["run_attempt"] += 1
+
+    return "workflow_run", load_payload("github_workflow_run.completed.json"), rerun
+
+
+def _failed_check(load_payload: Load, captured: Captured) -> Body:
+    def rerun(data: dict[str, Any]) -> None:  # a check run re-run is a check run of its own
+        data["check_run"].update(id=data["check_run"]["id"] + 1, completed_at="2019-05-15T16:00:00Z")
+
+    data = _check_run(load_payload, summary=f"flaketriage-bundle: {captured.value_error}")
+    return "check_run", data, rerun
+
+
+def _labelled(load_payload: Load, captured: Captured) -> Body:
+    def relabel(data: dict[str, Any]) -> None:  # the label taken off and put on again, later
+        data["issue"]["updated_at"] = "2019-05-16T09:00:00Z"
+
+    return "issues", _issue_labeled(load_payload, f"flaketriage-bundle: {captured.value_error}"), relabel
+
+
+def _command(load_payload: Load, captured: Captured) -> Body:
+    def ask_again(data: dict[str, Any]) -> None:  # another comment with the same command
+        data["comment"].update(id=data["comment"]["id"] + 1, updated_at="2019-05-16T09:00:00Z")
+
+    return "issue_comment", _comment(load_payload, f"/flaketriage triage {captured.key_error}"), ask_again
+
+
+BODIES = {
+    "workflow_run": _failed_run,
+    "check_run": _failed_check,
+    "issues": _labelled,
+    "issue_comment": _command,
+}
+
+
+@pytest.mark.parametrize("kind", BODIES)
+def test_a_body_sent_again_under_another_delivery_id_is_a_duplicate(
+    receiver: Receiver, captured: Captured, load_payload: Load, kind: str
+) -> None:
+    # GitHub signs the body, not X-GitHub-Delivery: a captured body re-sent with a new id is the
+    # same event, and starts nothing twice (no occurrence, no triage, no comment).
+    event, data, _ = BODIES[kind](load_payload, captured)
+    first = receiver.github(event, data)
+    assert first.json()["outcome"] in ("recorded", "accepted"), first.text
+    counts, sent = receiver.counts(), list(receiver.sender.sent)
+
+    again = [receiver.github(event, data, delivery=f"replay-{n}") for n in range(3)]
+
+    assert [(r.status_code, r.json()["outcome"], r.json()["work"]) for r in again] == [
+        (200, "duplicate", [])
+    ] * 3
+    assert receiver.counts() == counts and receiver.sender.sent == sent
+    assert events_total(receiver, "github", "duplicate") == 3
+
+
+@pytest.mark.parametrize("kind", BODIES)
+def test_the_next_event_of_the_same_thing_is_not_a_duplicate(
+    receiver: Receiver, captured: Captured, load_payload: Load, kind: str
+) -> None:
+    event, data, next_one = BODIES[kind](load_payload, captured)
+    assert receiver.github(event, data).json()["outcome"] in ("recorded", "accepted")
+    occurrences = len(receiver.occurrences())
+    next_one(data)
+
+    response = receiver.github(event, data)
+
+    assert response.json()["outcome"] in ("recorded", "accepted"), response.text
+    assert len(receiver.occurrences()) == 2 * occurrences
+    if event in ("issues", "issue_comment"):  # a person asking again is triaged again
+        assert len(receiver.works()) == 2
+
+
 def _bad_signature(r: Receiver, data: dict[str, Any]) -> Any:
     return r.github("workflow_run", data, secret=b"another-secret")
 

@@ -241,6 +241,58 @@ def test_a_repeated_request_id_is_a_duplicate(
     assert receiver.counts() == counts
 
 
+def test_an_alert_sent_again_under_another_request_id_is_a_duplicate(
+    receiver: Receiver, captured: Captured, load_payload: Load
+) -> None:
+    # Sentry signs the body, not Request-ID: the same event's alert again is the same event.
+    data = _tagged(_alert(load_payload, captured.project), captured.value_error)
+    assert receiver.sentry("event_alert", data).status_code == 202
+    counts, sent = receiver.counts(), list(receiver.sender.sent)
+
+    again = receiver.sentry("event_alert", data, request_id="another-request")
+
+    assert again.status_code == 200 and again.json()["outcome"] == "duplicate"
+    assert receiver.counts() == counts and receiver.sender.sent == sent
+
+
+def test_an_alert_for_another_event_of_the_issue_is_another_occurrence(
+    receiver: Receiver, captured: Captured, load_payload: Load
+) -> None:
+    assert receiver.sentry("event_alert", _alert(load_payload, captured.project)).status_code == 200
+
+    response = receiver.sentry("event_alert", _alert(load_payload, captured.project, event_id="f" * 32))
+
+    assert response.json()["outcome"] == "recorded"
+    [case] = receiver.cases()
+    assert case.occurrences == 2
+
+
+def _sentry_issue(action: str, **issue: Any) -> dict[str, Any]:
+    """An ``issue`` webhook as Sentry sends it, for fail.py's ValueError."""
+    fields = {
+        "id": "1170820242",
+        "title": "ValueError: bad batch 7",
+        "metadata": {"type": "ValueError", "value": "bad batch 7", "filename": "fail.py", "function": "load"},
+        "firstSeen": "2024-06-10T14:00:00Z",
+        "lastSeen": "2024-06-10T14:00:00Z",
+        "web_url": "https://sentry.io/organizations/acme/issues/1170820242/",
+    }
+    return {"action": action, "data": {"issue": fields | issue}, "actor": {"type": "application"}}
+
+
+def test_an_issue_sent_again_is_a_duplicate_and_its_regression_is_not(receiver: Receiver) -> None:
+    assert receiver.sentry("issue", _sentry_issue("created")).status_code == 200
+    counts = receiver.counts()
+
+    again = receiver.sentry("issue", _sentry_issue("created"), request_id="another-request")
+
+    assert again.json()["outcome"] == "duplicate" and receiver.counts() == counts
+    regressed = receiver.sentry("issue", _sentry_issue("unresolved", lastSeen="2024-06-12T08:00:00Z"))
+    assert regressed.json()["outcome"] == "recorded"
+    [case] = receiver.cases()
+    assert case.occurrences == 2
+
+
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
