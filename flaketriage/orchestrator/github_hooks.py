@@ -8,8 +8,16 @@
 * ``issues`` labelled ``flaketriage`` triage the bundles the issue names, and
   ``issue_comment`` with ``/flaketriage triage <bundle-id>`` triages that bundle; the result is
   commented back on the issue. A comment asks only when its author may: an owner, member or
-  collaborator of the repository (GitHub's ``author_association``), as labels can only be set by
-  those with triage access; anyone else's command is acknowledged, ignored and said so.
+  collaborator of the repository (GitHub's ``author_association``); anyone else's command is
+  acknowledged, ignored and said so.
+* A label asks only when whoever chose it may, as a comment does. GitHub's ``issues`` payload names
+  the labeller (``sender``) but not their association; it gives only the issue author's. So:
+  a person (not a bot) labelling someone else's issue may ask, as labelling another's issue takes
+  triage access. An issue opened with the label, or labelled by its own author, asks only when the
+  author is an owner, member or collaborator: an issue template applies its labels for anyone who
+  opens an issue with it (the ``opened`` and ``labeled`` events then come from the author). A bot
+  (``sender.type`` ``Bot``: a workflow or an app labelling by the issue's text) asks for the author
+  too, whose text it acted on. A label that may not ask is acknowledged, ignored and said so.
 * Everything else (``ping`` included) is acknowledged and ignored.
 
 A delivery is recorded by what its body is about (`Parsed.subject`), not by ``X-GitHub-Delivery``:
@@ -165,6 +173,9 @@ def _issue(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
     added = field_of(payload, "label.name", required=False)
     if (payload.get("action") == "labeled" and added != LABEL) or (LABEL not in names and added != LABEL):
         return Parsed(handled=False)
+    refused = _labeller_refused(payload)
+    if refused is not None:
+        return Parsed(handled=False, notes=[refused])
     target = _issue_target(payload)
     body = field_of(payload, "issue.body", required=False)
     found, missing = resolve_bundles(
@@ -174,6 +185,27 @@ def _issue(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
         handled=True,
         sightings=[_replying(s, target) for s in found],
         notes=missing or ([] if found else ["the issue names no flaketriage-bundle: <id> line"]),
+    )
+
+
+def _labeller_refused(payload: dict[str, Any]) -> str | None:
+    """Why the ``flaketriage`` label on this issue asks nothing, or None when it may ask (see the
+    module's docstring): set by a person other than the author, or the author may ask."""
+    author = field_of(payload, "issue.user.login", required=False)
+    labeller = field_of(payload, "sender.login", required=False)
+    bot = field_of(payload, "sender.type", required=False) == "Bot"
+    if payload.get("action") == "labeled" and labeller and labeller != author and not bot:
+        return None  # only those with triage access label another's issue
+    association = field_of(payload, "issue.author_association", required=False)
+    if association in COMMANDERS:
+        return None
+    how = (
+        "opened with" if payload.get("action") == "opened" else f"given by {labeller or 'an unknown sender'}"
+    )
+    return (
+        f"the {LABEL} label is ignored: it was {how} on the issue of {author or 'an unknown author'}, "
+        f"who is {str(association or 'unknown').lower()} on this repository; an owner, member or "
+        "collaborator may ask (label it, or comment /flaketriage triage <bundle-id>)"
     )
 
 

@@ -324,6 +324,66 @@ def test_an_issue_labelled_flaketriage_without_a_bundle_line_says_so(
     assert "flaketriage-bundle" in response.json()["notes"][0]
 
 
+def _outsiders_issue(load_payload: Load, captured: Captured, action: str = "labeled") -> dict[str, Any]:
+    """An issue of someone outside the repository naming a bundle, with the label (on it as it
+    was opened, as an issue template puts it, or given by its author)."""
+    data = _issue_labeled(load_payload, f"flaketriage-bundle: {captured.value_error}")
+    data["issue"].update(author_association="NONE", user=data["issue"]["user"] | {"login": "outsider"})
+    data["sender"].update(login="outsider", type="User")
+    data["action"] = action
+    if action == "opened":
+        del data["label"]
+    data["issue"]["labels"].append({"name": "flaketriage"})
+    return data
+
+
+@pytest.mark.parametrize("action", ["opened", "labeled"])
+def test_an_outsiders_issue_labelled_by_its_template_or_its_author_is_ignored_and_said_so(
+    receiver: Receiver, captured: Captured, load_payload: Load, action: str
+) -> None:
+    response = receiver.github("issues", _outsiders_issue(load_payload, captured, action))
+
+    assert response.status_code == 200 and response.json()["outcome"] == "ignored", response.text
+    [note] = response.json()["notes"]
+    assert "outsider, who is none" in note and "collaborator may ask" in note
+    assert receiver.works() == [] and receiver.sender.sent == []
+
+
+def test_an_outsiders_issue_labelled_by_a_bot_is_ignored(
+    receiver: Receiver, captured: Captured, load_payload: Load
+) -> None:
+    # A workflow or app labelling from the issue's text: the text is the outsider's.
+    data = _outsiders_issue(load_payload, captured)
+    data["sender"].update(login="github-actions[bot]", type="Bot")
+
+    response = receiver.github("issues", data)
+
+    assert response.json()["outcome"] == "ignored" and receiver.works() == []
+
+
+def test_an_outsiders_issue_labelled_by_a_maintainer_is_triaged(
+    receiver: Receiver, captured: Captured, load_payload: Load
+) -> None:
+    data = _outsiders_issue(load_payload, captured)
+    data["sender"].update(login="Codertocat")  # labelling another's issue takes triage access
+
+    response = receiver.github("issues", data)
+
+    assert response.status_code == 202, response.text
+    assert [w.bundle_id for w in receiver.works()] == [captured.value_error]
+
+
+@pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR"])
+def test_an_issue_opened_with_the_label_by_the_repositorys_people_is_triaged(
+    receiver: Receiver, captured: Captured, load_payload: Load, association: str
+) -> None:
+    data = _outsiders_issue(load_payload, captured, "opened")
+    data["issue"]["author_association"] = association
+
+    assert receiver.github("issues", data).status_code == 202
+    assert [w.bundle_id for w in receiver.works()] == [captured.value_error]
+
+
 def test_a_triage_comment_triages_the_bundle_and_replies_on_the_issue(
     receiver: Receiver, captured: Captured, load_payload: Load
 ) -> None:
