@@ -152,7 +152,9 @@ class Occurrence(Base):
 
 
 class Delivery(Base):
-    """One webhook delivery, by its sender's id: a repeat is acknowledged and does nothing."""
+    """One delivery, by its key (an event's ``event_id``; what a GitHub or Sentry body is about, else
+    the sender's delivery id: `flaketriage.orchestrator.payloads.Parsed.subject`): a repeat is
+    acknowledged and writes nothing."""
 
     __tablename__ = "deliveries"
     __table_args__ = (UniqueConstraint("source", "delivery_id", name="uq_delivery"),)

@@ -490,6 +490,24 @@ def test_a_repeated_delivery_is_a_duplicate(
     assert events_total(receiver, "github", "duplicate") == 1
 
 
+def test_a_delivery_id_seen_before_with_another_body_is_recorded_by_what_the_body_is_about(
+    receiver: Receiver, load_payload: Load
+) -> None:
+    # The delivery id is not signed; the body is, and it names another run: another occurrence.
+    first = load_payload("github_workflow_run.completed.json")
+    second = load_payload("github_workflow_run.completed.json")
+    second["workflow_run"]["id"] = 30433999
+    assert receiver.github("workflow_run", first, delivery="same-id").json()["outcome"] == "recorded"
+
+    response = receiver.github("workflow_run", second, delivery="same-id")
+
+    assert response.json()["outcome"] == "recorded"
+    assert [o.delivery_id for o in receiver.occurrences()] == [
+        "workflow_run:30433642:2",
+        "workflow_run:30433999:2",
+    ]
+
+
 Body = tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]
 """An event, its payload, and what turns the payload into the next one of its kind."""
 
