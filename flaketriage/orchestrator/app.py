@@ -42,7 +42,7 @@ from flaketriage.orchestrator.api_models import (
 )
 from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
-from flaketriage.orchestrator.payloads import Parsed, PayloadError
+from flaketriage.orchestrator.payloads import DELIVERY_KEY, Parsed, PayloadError
 from flaketriage.orchestrator.ping import add_ping_route
 from flaketriage.orchestrator.runners import list_runners
 from flaketriage.orchestrator.service import Service
@@ -479,10 +479,11 @@ def _record(
     sightings = parsed.sightings if parsed.handled else []
     # Recorded by what the signed body is about, when it says: the sender's delivery id is a header
     # nobody signed, and a captured body re-sent under a new one must not be new (a comment's
-    # triage started again, a run counted twice). The sender's id is still logged beside it.
-    key = parsed.subject or delivery
+    # triage started again, a run counted twice). A delivery id is a key only under its own prefix,
+    # so a captured body re-sent under an id spelled as a run's key cannot pass for that run.
+    key = parsed.subject or f"{DELIVERY_KEY}{delivery}"
     result = anyio.from_thread.run(service.intake_queue.record, source, key, kind, sightings)
-    return answer(source, result, parsed.notes, delivery if key == delivery else f"{delivery} ({key})")
+    return answer(source, result, parsed.notes, f"{delivery} ({key})" if parsed.subject else delivery)
 
 
 def quarantine_etag(document: bytes) -> str:

@@ -28,7 +28,12 @@ class Parsed:
     """What the signed body is about, as the body names it (``workflow_run:<id>:<attempt>``, a
     comment's id and ``updated_at`` ...): the delivery's key, so that the same body sent again under
     another delivery id (a header the signature does not cover) is a duplicate. None: the body names
-    nothing of its own, and the sender's delivery id is the key."""
+    nothing of its own, and the sender's delivery id is the key, after `DELIVERY_KEY`."""
+
+
+DELIVERY_KEY = "delivery:"
+"""What a key taken from the sender's delivery id starts with, and no `subject` does: an id chosen to
+spell a subject (``workflow_run:<id>:1``) names no body to come."""
 
 
 def subject(*parts: object) -> str:

@@ -508,6 +508,20 @@ def test_a_delivery_id_seen_before_with_another_body_is_recorded_by_what_the_bod
     ]
 
 
+def test_a_delivery_id_naming_a_body_to_come_does_not_make_that_body_a_duplicate(
+    receiver: Receiver, load_payload: Load
+) -> None:
+    # A captured body that names nothing of its own (a ping), re-sent under a delivery id spelled
+    # as a run's key, must not pass for that run when its own delivery comes.
+    ping = receiver.github("ping", load_payload("github_ping.json"), delivery="workflow_run:30433642:2")
+    assert ping.json()["outcome"] == "ignored"
+
+    response = receiver.github("workflow_run", load_payload("github_workflow_run.completed.json"))
+
+    assert response.json()["outcome"] == "recorded"
+    assert len(receiver.occurrences()) == 1
+
+
 Body = tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]
 """An event, its payload, and what turns the payload into the next one of its kind."""
 

@@ -267,6 +267,19 @@ def test_an_alert_for_another_event_of_the_issue_is_another_occurrence(
     assert case.occurrences == 2
 
 
+def test_a_request_id_naming_an_alert_to_come_does_not_make_it_a_duplicate(
+    receiver: Receiver, captured: Captured, load_payload: Load
+) -> None:
+    data = _alert(load_payload, captured.project)
+    event_id = data["data"]["event"]["event_id"]
+    other = load_payload("sentry_metric_alert.critical.json")  # names nothing of its own
+    assert receiver.sentry("metric_alert", other, request_id=f"event_alert:{event_id}").status_code == 200
+
+    response = receiver.sentry("event_alert", data)
+
+    assert response.json()["outcome"] == "recorded" and len(receiver.occurrences()) == 1
+
+
 def _sentry_issue(action: str, **issue: Any) -> dict[str, Any]:
     """An ``issue`` webhook as Sentry sends it, for fail.py's ValueError."""
     fields = {
