@@ -93,7 +93,8 @@ class OccurrenceView(BaseModel):
     source: str
     delivery_id: str
     """The delivery's key: an event's ``event_id``; for GitHub and Sentry what the body is about
-    (``workflow_run:<id>:<attempt>``, ``event_alert:<event id>`` ...), else the sender's delivery id."""
+    (``workflow_run:<id>:<attempt>``, ``event_alert:<event id>`` ...), else ``delivery:`` and the
+    sender's delivery id."""
     bundle_id: str | None
     test_id: str | None
     provenance: dict[str, Any]

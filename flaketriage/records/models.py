@@ -153,8 +153,8 @@ class Occurrence(Base):
 
 class Delivery(Base):
     """One delivery, by its key (an event's ``event_id``; what a GitHub or Sentry body is about, else
-    the sender's delivery id: `flaketriage.orchestrator.payloads.Parsed.subject`): a repeat is
-    acknowledged and writes nothing."""
+    ``delivery:`` and the sender's delivery id: `flaketriage.orchestrator.payloads.Parsed.subject`):
+    a repeat is acknowledged and writes nothing."""
 
     __tablename__ = "deliveries"
     __table_args__ = (UniqueConstraint("source", "delivery_id", name="uq_delivery"),)
