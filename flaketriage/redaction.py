@@ -1,10 +1,12 @@
 """Secret redaction: masks credentials in the captured environment, command line and output.
 
 A value is secret when its variable or option *name* says so (``GITHUB_TOKEN``, ``--password``), when
-it has the shape of a known credential (``ghp_...``, ``AKIA...``, a PEM private key, a JWT, the password
-of ``scheme://user:password@host``), or when it is the exact value of a secret environment variable
-that :meth:`Redactor.redact_env` has already seen. Source code is masked by value only
-(:meth:`Redactor.redact_values`): there a secret-sounding name is usually a parameter, not a secret.
+it has the shape of a known credential (``ghp_...``, ``AKIA...``, ``SG.``, ``dop_v1_``, a PEM private
+key, a JWT, a Slack webhook's path, the password of ``scheme://user:password@host``), or when it is
+the exact value of a secret environment variable that :meth:`Redactor.redact_env` has already seen
+(in the environment itself only when it is long and distinctive: `MIN_COPY_LEN`). Source code is
+masked by value only (:meth:`Redactor.redact_values`): there a secret-sounding name is usually a
+parameter, not a secret.
 """
 
 from __future__ import annotations
@@ -177,6 +179,12 @@ _VALUE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         _START + r"npm_[A-Za-z0-9]{36}",
         _START + r"pypi-[A-Za-z0-9_-]{50,}",
         _START + r"[rs]k_live_[A-Za-z0-9]{16,}",
+        _START + r"SK[0-9a-fA-F]{32}(?![A-Za-z0-9])",  # Twilio API key
+        _START + r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}",  # SendGrid
+        _START + r"do[opr]_v1_[a-f0-9]{64}",  # DigitalOcean
+        _START + r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",  # Shopify
+        # The path of a Slack incoming webhook is its credential.
+        r"https://hooks\.slack\.com/(?:services|workflows|triggers)/(?P<secret>[A-Za-z0-9_/-]+)",
         r"\b[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9._~+/-]{8,}=*)",
         # Only the password of user:password@ goes, so the host stays readable. The scheme is
         # bounded, else every word of a long dotted run would rescan the run for "://".
@@ -203,6 +211,11 @@ _GUARDS: dict[re.Pattern[str], tuple[str, ...]] = dict(
             ("npm_",),
             ("pypi-",),
             ("k_live_",),
+            ("SK",),
+            ("SG.",),
+            ("_v1_",),
+            ("shp",),
+            ("hooks.slack.com",),
             ("earer",),
             ("://",),
             ("-----BEGIN",),
@@ -278,7 +291,8 @@ class Redactor:
         return _name_looks_secret(bare)
 
     def redact_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """A copy of ``env`` with secret values masked; secrets found are remembered for text."""
+        """A copy of ``env`` with secret values masked, also where a long one is copied under
+        another name; secrets found are remembered for text."""
         out: dict[str, str] = {}
         for name, value in env.items():
             if value and self.is_secret_name(name):
@@ -290,7 +304,23 @@ class Redactor:
                 out[name] = redacted
                 for secret in found:
                     self._remember(secret)
-        return out
+        return self._mask_copies(out)
+
+    def _mask_copies(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with the long secrets already seen masked inside other values too
+        (``BUILD_ARGS=--key $DD_API_KEY``), once every variable has been read, so that order does not
+        matter. Not in variables that hold paths the run needs, and not short or all-letter values:
+        ``POSTGRES_PASSWORD=postgres`` must leave ``POSTGRES_USER=postgres`` as it is."""
+        copies = sorted((v for v in self._known if _is_distinctive(v)), key=len, reverse=True)
+        if not copies:
+            return env
+        pattern = re.compile("|".join(re.escape(v) for v in copies))
+        return {
+            name: value
+            if _holds_paths(name) or value == MASK
+            else _apply(value, _merge([_Span(*m.span()) for m in pattern.finditer(value)], value))
+            for name, value in env.items()
+        }
 
     def redact_text(self, text: str) -> str:
         """``text`` with credentials, secret assignments and known secret values masked."""
@@ -399,6 +429,23 @@ class Redactor:
             ordered = sorted(self._known, key=len, reverse=True)
             self._known_pattern = re.compile("|".join(re.escape(v) for v in ordered))
         return self._known_pattern
+
+
+MIN_COPY_LEN = 16
+"""A secret variable's value is masked in other variables too only from this length (and with
+letters and digits): a shorter or plainer one (``postgres``, ``/home/ci``) is as likely a word the
+run needs as a copy of the secret."""
+
+_PATH_VARIABLES = frozenset({"HOME", "PWD", "OLDPWD", "TMPDIR", "TEMP", "TMP", "SHELL", "USER", "LOGNAME"})
+
+
+def _is_distinctive(value: str) -> bool:
+    return len(value) >= MIN_COPY_LEN and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
+
+
+def _holds_paths(name: str) -> bool:
+    upper = name.upper()
+    return upper in _PATH_VARIABLES or upper.endswith("PATH") or upper.startswith(_NOT_SECRET_PREFIXES)
 
 
 # The same few names recur on every line of a log.

@@ -363,6 +363,24 @@ def test_password_found_in_an_env_value_is_masked_in_later_text() -> None:
     assert redactor.redact_text("auth failed for hunter22") == f"auth failed for {MASK}"
 
 
+def test_a_long_secret_copied_into_an_innocuous_variable_is_masked_there_too() -> None:
+    key = "3f9a" * 8
+    env = {
+        "BUILD_ARGS": f"--dd {key}",  # before the secret variable: the order does not matter
+        "DD_API_KEY": key,
+        "PYTHONPATH": f"/x/{key}",  # paths the run needs are kept
+        "POSTGRES_PASSWORD": "postgres",
+        "POSTGRES_USER": "postgres",  # a short or plain value is as likely a word the run needs
+    }
+    assert Redactor().redact_env(env) == {
+        "BUILD_ARGS": f"--dd {MASK}",
+        "DD_API_KEY": MASK,
+        "PYTHONPATH": f"/x/{key}",
+        "POSTGRES_PASSWORD": MASK,
+        "POSTGRES_USER": "postgres",
+    }
+
+
 def test_short_and_empty_secret_values() -> None:
     redactor = Redactor()
     assert redactor.redact_env({"API_TOKEN": "", "DB_PASSWORD": "abc"}) == {
@@ -395,6 +413,17 @@ def test_short_and_empty_secret_values() -> None:
             f"-----BEGIN OPENSSH PRIVATE KEY-----{MASK}-----END OPENSSH PRIVATE KEY-----\nafter",
         ),
         ("log cut: -----BEGIN PRIVATE KEY-----\nMIIEvQ", f"log cut: -----BEGIN PRIVATE KEY-----{MASK}"),
+        ("twilio SK" + "0a" * 16 + " ok", f"twilio {MASK} ok"),
+        ("SG." + "a" * 22 + "." + "b" * 43, MASK),
+        ("do=dop_v1_" + "c" * 64, f"do={MASK}"),
+        ("shopify shpat_" + "d" * 32, f"shopify {MASK}"),
+        (
+            "POST https://hooks.slack.com/services/T01/B02/xyz ok",
+            f"POST https://hooks.slack.com/services/{MASK} ok",
+        ),
+        # Digests and commits are what a person searches for: never masked.
+        ("commit " + "a1" * 20 + " sha256:" + "9f" * 32, "commit " + "a1" * 20 + " sha256:" + "9f" * 32),
+        ("SKIP " + "0a" * 16 + " DISK" + "0a" * 16, "SKIP " + "0a" * 16 + " DISK" + "0a" * 16),
     ],
 )
 def test_redact_text_examples(text: str, expected: str) -> None:
