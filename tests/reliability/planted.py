@@ -57,6 +57,7 @@ class PlantedRun:
     secrets: tuple[Secret, ...]
     bundle: str
     report: str
+    """The triage's output and report, ``bundle show`` and the files of ``bundle export``."""
     commit: str
     digest: str
 
@@ -152,7 +153,21 @@ def plant_and_capture(
         answer = json.loads(done.stdout)
         location = project / answer["report"]["location"]
         report = done.stdout + done.stderr + location.read_text(encoding="utf-8")
+        report += _shown(project, env, bundle)
     return PlantedRun(project, tuple(secrets), bundle, report, commit, digest)
+
+
+def _shown(project: Path, env: dict[str, str], bundle: str) -> str:
+    """What a person reads of the bundle besides the report: ``bundle show`` and every file of
+    ``bundle export`` (its README and ``run.sh`` name the command and environment)."""
+    shown = _flaketriage(project, env, "bundle", "show", bundle)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    exported = project.parent / f"{project.name}-export"
+    done = _flaketriage(project, env, "bundle", "export", bundle, str(exported))
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(p for p in exported.rglob("*") if p.is_file())
+    assert files
+    return shown.stdout + "".join(p.read_bytes().decode("utf-8", "replace") for p in files)
 
 
 def stored_texts(store_dir: Path) -> Iterator[tuple[str, str]]:

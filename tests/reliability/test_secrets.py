@@ -1,6 +1,7 @@
 """Secrets planted everywhere a CI job leaks them are masked in everything flaketriage keeps and
-shows: every object and file of the store, the triage report, and the receiver's answers about
-the case. Ordinary hex (the commit, a sha256, the bundle id) is kept.
+shows: every object and file of the store, the triage report, ``bundle show`` and ``bundle
+export``, and the receiver's answers about the case. Ordinary hex (the commit, a sha256, the
+bundle id) is kept.
 
 One corpus (`corpus.FORMATS`, drawn with a fixed seed) planted by `planted.plant_and_capture`:
 the real CLI, in a real git repository. ``bench/reliability.py`` repeats it with fresh draws.
@@ -96,9 +97,9 @@ def test_no_planted_secret_is_in_any_stored_object_or_file(run: PlantedRun) -> N
     assert _leaks(run.secrets, texts) == []
 
 
-def test_no_planted_secret_is_in_the_report(run: PlantedRun) -> None:
+def test_no_planted_secret_is_in_the_report_or_an_export(run: PlantedRun) -> None:
     assert run.bundle[:12] in run.report
-    assert _leaks(run.secrets, [("the triage report", run.report)]) == []
+    assert _leaks(run.secrets, [("the report, bundle show or export", run.report)]) == []
 
 
 def test_no_planted_secret_is_in_any_api_answer(run: PlantedRun, answers: list[tuple[str, str]]) -> None:
