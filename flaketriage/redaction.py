@@ -432,15 +432,16 @@ class Redactor:
 
 
 MIN_COPY_LEN = 16
-"""A secret variable's value is masked in other variables too only from this length (and with
-letters and digits): a shorter or plainer one (``postgres``, ``/home/ci``) is as likely a word the
-run needs as a copy of the secret."""
+"""A secret variable's value is masked in other variables too only from this length, and when it
+mixes cases or letters and digits (an AWS secret key, a generated password): a shorter or plainer
+one (``postgres``, ``/home/ci/work``) is as likely a word or path the run needs as a copy of it."""
 
 _PATH_VARIABLES = frozenset({"HOME", "PWD", "OLDPWD", "TMPDIR", "TEMP", "TMP", "SHELL", "USER", "LOGNAME"})
 
 
 def _is_distinctive(value: str) -> bool:
-    return len(value) >= MIN_COPY_LEN and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
+    classes = (str.islower, str.isupper, str.isdigit)
+    return len(value) >= MIN_COPY_LEN and sum(any(map(kind, value)) for kind in classes) >= 2
 
 
 def _holds_paths(name: str) -> bool:

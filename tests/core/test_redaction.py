@@ -365,19 +365,25 @@ def test_password_found_in_an_env_value_is_masked_in_later_text() -> None:
 
 def test_a_long_secret_copied_into_an_innocuous_variable_is_masked_there_too() -> None:
     key = "3f9a" * 8
+    aws = "BZvYMk/YvqAcFqcIigurlkhldWMdBIhdKs/+bWwM"  # mixed case, no digit
     env = {
         "BUILD_ARGS": f"--dd {key}",  # before the secret variable: the order does not matter
         "DD_API_KEY": key,
+        "DEPLOY_ARGS": aws,
+        "AWS_SECRET_ACCESS_KEY": aws,
         "PYTHONPATH": f"/x/{key}",  # paths the run needs are kept
+        "GOOGLE_CREDENTIALS": "/home/runner/work/project",
+        "WORKDIR": "/home/runner/work/project",  # one case, no digit: as likely a path as a secret
         "POSTGRES_PASSWORD": "postgres",
-        "POSTGRES_USER": "postgres",  # a short or plain value is as likely a word the run needs
+        "POSTGRES_USER": "postgres",  # a short value is as likely a word the run needs
     }
-    assert Redactor().redact_env(env) == {
+    assert Redactor().redact_env(env) == env | {
         "BUILD_ARGS": f"--dd {MASK}",
         "DD_API_KEY": MASK,
-        "PYTHONPATH": f"/x/{key}",
+        "DEPLOY_ARGS": MASK,
+        "AWS_SECRET_ACCESS_KEY": MASK,
+        "GOOGLE_CREDENTIALS": MASK,
         "POSTGRES_PASSWORD": MASK,
-        "POSTGRES_USER": "postgres",
     }
 
 
