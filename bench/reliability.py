@@ -138,15 +138,17 @@ def report_fuzz(results: dict[str, tuple[int, list[Any]]], seconds: float, goal:
     )
     kinds: Counter[str] = Counter()
     for backend, (_, problems) in results.items():
-        seen: set[tuple[str, str, str]] = set()
+        # One example of each kind of problem on each route (the first, so the smallest to read
+        # is not promised), with how many there were.
+        groups: dict[tuple[str, str, str], list[Any]] = {}
         for problem in problems:
             kinds[problem.kind] += 1
             route = problem.request.route if problem.request else "GET"
-            key = (problem.kind, route, problem.detail[:40])
-            if key not in seen:
-                seen.add(key)
-                shown = str(problem)
-                print(f"  [{backend}] {shown if len(shown) < 1500 else shown[:1500] + ' ...'}")
+            groups.setdefault((problem.kind, route, problem.detail.split(" ")[0]), []).append(problem)
+        for (kind, route, status), found in groups.items():
+            shown = str(found[0])
+            print(f"  [{backend}] {len(found)} x {kind} {status} on {route}; the first:")
+            print(f"    {shown if len(shown) < 1500 else shown[:1500] + ' ...'}")
     return [
         check("requests sent", f"{sent:,}", ">=", f"{goal:,}", sent >= goal),
         check("server errors (5xx)", str(kinds["5xx"]), "==", "0", kinds["5xx"] == 0),
