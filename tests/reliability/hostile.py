@@ -111,21 +111,23 @@ NUMBERS = (
     10**400,
 )
 RAW_TOKENS = (
-    ("", "1", 5000, ""),
-    ("-", "9", 4301, ""),
-    ("", "1e999999", 1, ""),
-    ("", "[", 20_000, "]" * 20_000),
-    ("", '{"a":', 3000, "1" + "}" * 3000),
+    ("", "1", 5000, "", ""),
+    ("-", "9", 4301, "", ""),
+    ("", "1e999999", 1, "", ""),
+    ("", "[", 20_000, "", "]"),
+    ("", '{"a":', 3000, "1", "}"),
 )
-"""(before, unit, times, after): JSON text no encoder writes, kept short until drawn."""
+"""(prefix, opener, times, middle, closer): JSON text no encoder writes (an integer of 5,000
+digits, 20,000 open brackets), kept short until drawn."""
 
 
 def _repeated(spec: tuple[str, int]) -> str:
     return spec[0] * spec[1]
 
 
-def _raw(spec: tuple[str, str, int, str]) -> Raw:
-    return Raw(spec[0] + spec[1] * spec[2] + spec[3])
+def _raw(spec: tuple[str, str, int, str, str]) -> Raw:
+    prefix, opener, times, middle, closer = spec
+    return Raw(prefix + opener * times + middle + closer * times)
 
 
 hostile_texts = (

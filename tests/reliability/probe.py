@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from flaketriage.records import Base, Database
-from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_headers
+from flaketriage.signing import TIMESTAMP_HEADER, signed_headers
 from tests.reliability.hostile import Request
 
 EVENTS_SECRET = b"events-secret"  # the secrets of tests/orchestrator/conftest.make_receiver
@@ -121,7 +121,6 @@ class Probe:
             headers.setdefault("Request-ID", self._delivery(request))
             headers.setdefault("Sentry-Hook-Timestamp", "1718031234")
             headers["Sentry-Hook-Signature"] = hmac.new(SENTRY_SECRET, body, hashlib.sha256).hexdigest()
-        assert SIGNATURE_HEADER in headers or request.route != "/v1/events"
         return body, headers
 
     def _delivery(self, request: Request) -> str:
