@@ -40,35 +40,30 @@ def signed_headers(secret: bytes, body: bytes, *, now: float | None = None) -> d
     return {TIMESTAMP_HEADER: str(timestamp), SIGNATURE_HEADER: sign(secret, timestamp, body)}
 
 
-def verify(
-    secret: bytes,
-    timestamp: int | str | None,
-    body: bytes,
+MAX_TIMESTAMP_DIGITS = 12
+"""Unix seconds have 10 digits until the year 2286; a longer header is not a time (and past 4,300
+digits `int()` refuses it with a ValueError), so it is refused before it is read as a number."""
+
+
+def check_headers(
+    timestamp: str | None,
     signature: str | None,
     *,
     now: float,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
-) -> None:
-    """Raise `SignatureError` unless `signature` signs `body` at `timestamp`, within `tolerance_s` of `now`.
-
-    `timestamp` and `signature` are the header values as received (None when a header is absent).
-    The signature is checked before the time, so an error about the time means the request was
-    authentic and the clocks (or a replay) are the problem.
-    """
+) -> int:
+    """The signed time, or `SignatureError` when the headers alone condemn the request: one missing,
+    a timestamp that is not Unix seconds or is more than `tolerance_s` from `now`, a signature that
+    is not ``sha256=`` and 64 hex digits. It needs no body, so the receiver refuses such a request
+    before reading one."""
     if timestamp is None or signature is None:
         missing = TIMESTAMP_HEADER if timestamp is None else SIGNATURE_HEADER
         raise SignatureError(f"the request has no {missing} header; send it with flaketriage's signer")
     ts = _parse_timestamp(timestamp)
-    if not signature.startswith(PREFIX):
+    if not signature.startswith(PREFIX) or len(signature) != len(PREFIX) + 64:
         raise SignatureError(
             f"the {SIGNATURE_HEADER} header must start with {PREFIX!r} followed by 64 hex digits; "
             f"got {signature[:20]!r}"
-        )
-    expected = sign(secret, ts, body).encode("ascii")
-    if not hmac.compare_digest(expected, signature.encode("utf-8", "replace")):
-        raise SignatureError(
-            "the signature does not match the body: the body was changed in transit, or sender and "
-            "receiver use different secrets (check FLAKETRIAGE_WEBHOOK_SECRET on both)"
         )
     skew = now - ts
     if skew > tolerance_s:
@@ -81,12 +76,42 @@ def verify(
             f"the request is signed {-skew:.0f} s in the future, more than the {tolerance_s:.0f} s "
             "allowed: the sender's clock is ahead (sync it with NTP)"
         )
+    return ts
 
 
-def _parse_timestamp(value: int | str) -> int:
-    if isinstance(value, int):
-        return value
+def verify(
+    secret: bytes,
+    timestamp: int | str | None,
+    body: bytes,
+    signature: str | None,
+    *,
+    now: float,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+) -> None:
+    """Raise `SignatureError` unless `signature` signs `body` at `timestamp`, within `tolerance_s` of `now`.
+
+    `timestamp` and `signature` are the header values as received (None when a header is absent).
+    The headers are checked first (`check_headers`: what they condemn needs no body), then the
+    signature over the body.
+    """
+    ts = check_headers(
+        None if timestamp is None else str(timestamp), signature, now=now, tolerance_s=tolerance_s
+    )
+    expected = sign(secret, ts, body).encode("ascii")
+    if not hmac.compare_digest(expected, str(signature).encode("utf-8", "replace")):
+        raise SignatureError(
+            "the signature does not match the body: the body was changed in transit, or sender and "
+            "receiver use different secrets (check FLAKETRIAGE_WEBHOOK_SECRET on both)"
+        )
+
+
+def _parse_timestamp(value: str) -> int:
     text = value.strip()
+    if len(text) > MAX_TIMESTAMP_DIGITS:
+        raise SignatureError(
+            f"the {TIMESTAMP_HEADER} header must be Unix seconds (at most {MAX_TIMESTAMP_DIGITS} "
+            f"digits); got {MAX_TIMESTAMP_DIGITS + 1} or more characters, starting {value[:20]!r}"
+        )
     if not text.isascii() or not text.isdigit():
         raise SignatureError(f"the {TIMESTAMP_HEADER} header must be Unix seconds; got {value[:20]!r}")
     return int(text)

@@ -10,6 +10,7 @@ from flaketriage.errors import SignatureError
 from flaketriage.signing import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    check_headers,
     sign,
     signed_headers,
     verify,
@@ -69,7 +70,7 @@ def test_stale_and_future_timestamps_are_rejected() -> None:
         ("-5", "sha256=" + "0" * 64, "Unix seconds"),
         (str(NOW), "sha1=" + "0" * 40, "must start with 'sha256='"),
         (str(NOW), "sha256=" + "0" * 64, "does not match"),
-        (str(NOW), "sha256=é", "does not match"),
+        (str(NOW), "sha256=é", "64 hex digits"),
     ],
 )
 def test_malformed_headers_are_rejected(timestamp: str | None, signature: str | None, match: str) -> None:
@@ -103,3 +104,29 @@ def test_only_the_signing_secret_verifies(secret: bytes, other: bytes) -> None:
     if other != secret:
         with pytest.raises(SignatureError):
             verify(other, NOW, BODY, signature, now=NOW)
+
+
+@pytest.mark.parametrize("digits", [13, 4301, 100_000])
+def test_a_timestamp_too_long_to_be_a_time_is_refused_before_it_is_read(digits: int) -> None:
+    # 4,301 digits and more is past Python's int-string limit: int() would raise ValueError (a 500).
+    with pytest.raises(
+        SignatureError, match=r"Unix seconds \(at most 12 digits\); got 13 or more characters"
+    ):
+        verify(SECRET, "9" * digits, BODY, sign(SECRET, NOW, BODY), now=NOW)
+
+
+def test_the_headers_alone_are_checked_before_the_body() -> None:
+    """What the headers condemn (missing, malformed, outside the window) is known without the body."""
+    sig = sign(SECRET, NOW, BODY)
+    assert check_headers(str(NOW), sig, now=NOW + 300) == NOW
+    for timestamp, signature, match in [
+        (None, sig, "no X-Flaketriage-Timestamp"),
+        (str(NOW), None, "no X-Flaketriage-Signature"),
+        ("9" * 5000, sig, "Unix seconds"),
+        (str(NOW), "sha1=" + "0" * 40, "must start with 'sha256='"),
+        (str(NOW), "sha256=" + "0" * 5000, "64 hex digits"),
+        (str(NOW - 301), sig, "ago"),
+        (str(NOW + 301), sig, "future"),
+    ]:
+        with pytest.raises(SignatureError, match=match):
+            check_headers(timestamp, signature, now=NOW)
