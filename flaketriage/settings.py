@@ -320,6 +320,19 @@ class Settings(BaseSettings):
         "check run or an issue, `/flaketriage triage` commands): the first this many different ids "
         "are read, the others left out and counted in the answer's notes.",
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection whose request headers are not complete this long after it opened "
+        "(or after its previous answer) is answered 408 and closed: a client sending them a byte at a "
+        "time holds nothing for long.",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request body not received whole within this long of its headers is answered "
+        "408 and its connection closed.",
+    )
     retriage_after_h: float = Field(
         default=168.0,
         gt=0,

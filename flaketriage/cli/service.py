@@ -61,7 +61,7 @@ def serve(
             )
         )
     try:
-        server.run(create_app(service), host=host, port=port)
+        server.run(create_app(service), host=host, port=port, header_timeout_s=settings.header_timeout_s)
     finally:
         for child in children:
             with contextlib.suppress(ProcessLookupError):

@@ -1,11 +1,14 @@
 """The receiver: FastAPI routes for events, GitHub and Sentry webhooks, cases, quarantine, health.
 
-Every write route checks, in order: the body's size (413), the signature over the exact bytes (401;
-a source whose secret is unset refuses everything), the JSON and its schema (400, 422 naming the
-field), the store an event names (422), then records the delivery and its work and answers 202 once
-that is committed and handed to the broker (503 when the database or the broker is down, so the
-sender retries; a repeated delivery is answered 200 and does nothing). Bad input never gets a 500,
-and a value the database refuses as data is a 422, never an outage.
+Every write route checks, in order: what the headers alone condemn (401 before the body is read: a
+source whose secret is unset refuses everything, a signature header missing, our events' timestamp
+malformed or stale), the body's size and time (413, 408), the signature over the exact bytes (401),
+the JSON and its schema (400, 422 naming the field), the store an event names (422), then records
+the delivery and its work and answers 202 once that is committed and handed to the broker (503 when
+the database or the broker is down, so the sender retries; a repeated delivery is answered 200 and
+does nothing). Bad input never gets a 500 and a value the database refuses as data is a 422, never
+an outage; a body left unread is answered with the connection closed, and a client that hangs up
+mid-body is one line in the log.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from flaketriage import __version__
 from flaketriage.errors import BrokerError, RecordsDataError, RecordsError, SignatureError
@@ -44,13 +48,14 @@ from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
 from flaketriage.orchestrator.payloads import DELIVERY_KEY, Parsed, PayloadError
 from flaketriage.orchestrator.ping import add_ping_route
+from flaketriage.orchestrator.request_body import BodyRefused, read_body
 from flaketriage.orchestrator.runners import list_runners
 from flaketriage.orchestrator.service import Service
 from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
 from flaketriage.records.text import storable_json
-from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, check_headers, verify
 
 MAX_ID = 2**31 - 1
 """The largest id an integer column holds (PostgreSQL ``integer``)."""
@@ -76,13 +81,17 @@ log = logging.getLogger("flaketriage.receiver")
 
 
 class HTTPProblem(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    """A refusal; `close` when the request's body is left unread (the connection is closed after)."""
+
+    def __init__(self, status: int, detail: str, close: bool = False) -> None:
         self.status = status
         self.detail = detail
+        self.close = close
 
 
-def _problem(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+def _problem(status: int, detail: str, close: bool = False) -> JSONResponse:
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -97,7 +106,18 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(HTTPProblem)
     async def _http_problem(_: Request, exc: HTTPProblem) -> JSONResponse:
-        return _problem(exc.status, exc.detail)
+        return _problem(exc.status, exc.detail, exc.close)
+
+    @app.exception_handler(BodyRefused)
+    async def _body_refused(request: Request, exc: BodyRefused) -> JSONResponse:
+        log.warning("%s: refused %d: %s", request.url.path, exc.status, exc.detail)
+        return _problem(exc.status, exc.detail, close=True)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _hung_up(request: Request, _: ClientDisconnect) -> Response:
+        # A client's doing, not the service's: one line, never a traceback anyone could fill the log with.
+        log.info("%s: the client hung up before its body was read whole", request.url.path)
+        return Response(status_code=400)  # sent nowhere: the connection is gone
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -131,22 +151,10 @@ def create_app(service: Service) -> FastAPI:
         log.warning("%s: 503, recorded but the broker is down: %s", request.url.path, exc)
         return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
 
+    too_large = f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
+
     async def body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise HTTPProblem(
-                413, f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPProblem(
-                    413, f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, limit=limit, timeout_s=settings.body_timeout_s, too_large=too_large)
 
     def authorized(authorization: str | None = Header(default=None)) -> None:
         token = settings.api_token.get_secret_value() if settings.api_token else ""
@@ -172,16 +180,45 @@ def create_app(service: Service) -> FastAPI:
         )
         return JSONResponse(payload.model_dump(), status_code=status)
 
-    def refuse(source: str, status: int, detail: str, outcome: str, delivery: str | None = None) -> NoReturn:
+    def refuse(
+        source: str,
+        status: int,
+        detail: str,
+        outcome: str,
+        delivery: str | None = None,
+        *,
+        close: bool = False,
+    ) -> NoReturn:
         service.metrics.events.labels(source, outcome).inc()
         log.warning("%s delivery %s: refused %d (%s): %s", source, delivery or "-", status, outcome, detail)
-        raise HTTPProblem(status, detail)
+        raise HTTPProblem(status, detail, close)
+
+    async def github_body(request: Request) -> bytes:
+        """The body of a GitHub delivery, unless its headers condemn it (then refused unread)."""
+        from flaketriage.orchestrator.signatures import GITHUB_HEADER, check_github_headers
+
+        try:
+            check_github_headers(settings.github_webhook_secret, request.headers.get(GITHUB_HEADER))
+        except SignatureError as exc:
+            delivery = request.headers.get("X-GitHub-Delivery")
+            refuse("github", 401, str(exc), "bad_signature", delivery, close=True)
+        return await body(request)
+
+    async def sentry_body(request: Request) -> bytes:
+        """The body of a Sentry hook, unless its headers condemn it (then refused unread)."""
+        from flaketriage.orchestrator.signatures import SENTRY_HEADER, check_sentry_headers
+
+        try:
+            check_sentry_headers(settings.sentry_client_secret, request.headers.get(SENTRY_HEADER))
+        except SignatureError as exc:
+            refuse("sentry", 401, str(exc), "bad_signature", request.headers.get("Request-ID"), close=True)
+        return await body(request)
 
     _document_with(app, {"FailureEvent": FailureEvent})
     events_secret = (
         settings.webhook_secret.get_secret_value().encode("utf-8") if settings.webhook_secret else b""
     )
-    add_ping_route(app, events_secret, service.policy)  # POST /v1/ping: a signed no-op (doctor)
+    add_ping_route(app, events_secret, service.policy, settings.body_timeout_s)  # a signed no-op (doctor)
 
     @app.post(
         "/v1/events",
@@ -196,11 +233,16 @@ def create_app(service: Service) -> FastAPI:
         """A ``failure.captured`` event, signed as `flaketriage notify` signs it."""
         # The route reads its body and headers itself: FastAPI's dependency resolution would cost
         # this, the busiest route, a third of its time on the event loop.
-        raw = await body(request)
         timestamp = request.headers.get(TIMESTAMP_HEADER)
         signature = request.headers.get(SIGNATURE_HEADER)
         if not events_secret:
-            refuse("events", 401, "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "unsigned")
+            detail = "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set"
+            refuse("events", 401, detail, "unsigned", close=True)
+        try:  # what the headers condemn is refused unread: nobody unsigned makes it read a megabyte
+            check_headers(timestamp, signature, now=time.time())
+        except SignatureError as exc:
+            refuse("events", 401, str(exc), "bad_signature", close=True)
+        raw = await body(request)
         try:
             verify(events_secret, timestamp, raw, signature, now=time.time())
         except SignatureError as exc:
@@ -229,7 +271,7 @@ def create_app(service: Service) -> FastAPI:
         openapi_extra=_json_body({"type": "object", "description": "GitHub's webhook payload"}),
     )
     def post_github(
-        raw: bytes = Depends(body),
+        raw: bytes = Depends(github_body),
         event: str | None = Header(default=None, alias="X-GitHub-Event"),
         delivery: str | None = Header(default=None, alias="X-GitHub-Delivery"),
         signature: str | None = Header(default=None, alias="X-Hub-Signature-256"),
@@ -257,7 +299,7 @@ def create_app(service: Service) -> FastAPI:
         openapi_extra=_json_body({"type": "object", "description": "Sentry's integration webhook payload"}),
     )
     def post_sentry(
-        raw: bytes = Depends(body),
+        raw: bytes = Depends(sentry_body),
         resource: str | None = Header(default=None, alias="Sentry-Hook-Resource"),
         signature: str | None = Header(default=None, alias="Sentry-Hook-Signature"),
         request_id: str | None = Header(default=None, alias="Request-ID"),

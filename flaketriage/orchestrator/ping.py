@@ -19,8 +19,9 @@ from flaketriage import __version__
 from flaketriage.errors import SignatureError
 from flaketriage.events import StoreLocation
 from flaketriage.orchestrator.api_models import Problem
+from flaketriage.orchestrator.request_body import read_body
 from flaketriage.orchestrator.sightings import StoreNotAllowed, StorePolicy
-from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, check_headers, verify
 
 PING_PATH = "/v1/ping"
 MAX_PING_BYTES = 16 * 1024
@@ -69,8 +70,9 @@ def answer_ping(body: bytes, policy: StorePolicy) -> Pong:
     return Pong(store=store, allowed_stores=list(policy.allowed))
 
 
-def add_ping_route(app: FastAPI, secret: bytes, policy: StorePolicy) -> None:
-    """Serve ``POST /v1/ping`` on `app`, checked with the events' `secret` against `policy`."""
+def add_ping_route(app: FastAPI, secret: bytes, policy: StorePolicy, body_timeout_s: float) -> None:
+    """Serve ``POST /v1/ping`` on `app`, checked with the events' `secret` against `policy`; its
+    body is read within `body_timeout_s` (the app answers `BodyRefused`)."""
 
     @app.post(
         PING_PATH,
@@ -84,22 +86,21 @@ def add_ping_route(app: FastAPI, secret: bytes, policy: StorePolicy) -> None:
     async def ping(request: Request) -> JSONResponse:
         """A signed no-op: 200 when the signature is right, with whether the service reads the
         store the body names (``{"store": {"kind": "local", "location": "/abs/path"}}``)."""
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_PING_BYTES:
-                return JSONResponse({"detail": "a ping is at most 16 KiB"}, status_code=413)
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        signature = request.headers.get(SIGNATURE_HEADER)
+        unread = {"Connection": "close"}  # refused before the body is read: the connection closes
         if not secret:
             detail = "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set"
-            return JSONResponse({"detail": detail}, status_code=401)
+            return JSONResponse({"detail": detail}, status_code=401, headers=unread)
         try:
-            verify(
-                secret,
-                request.headers.get(TIMESTAMP_HEADER),
-                raw,
-                request.headers.get(SIGNATURE_HEADER),
-                now=time.time(),
-            )
+            check_headers(timestamp, signature, now=time.time())
+        except SignatureError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=401, headers=unread)
+        raw = await read_body(
+            request, limit=MAX_PING_BYTES, timeout_s=body_timeout_s, too_large="a ping is at most 16 KiB"
+        )
+        try:
+            verify(secret, timestamp, raw, signature, now=time.time())
         except SignatureError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=401)
         try:

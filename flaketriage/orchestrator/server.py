@@ -31,12 +31,21 @@ def log_config(log_level: str = "info") -> dict[str, Any]:
     return config
 
 
-def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
-    """Serve `app` with uvicorn until the process is stopped."""
+def run(app: Any, *, host: str, port: int, log_level: str = "info", header_timeout_s: float = 10.0) -> None:
+    """Serve `app` with uvicorn until the process is stopped; a connection's request headers must
+    be complete within `header_timeout_s` (`flaketriage.orchestrator.http_protocol`)."""
     import uvicorn
+
+    from flaketriage.orchestrator.http_protocol import with_header_timeout
 
     gc.collect()
     gc.freeze()
     uvicorn.run(
-        app, host=host, port=port, log_level=log_level, access_log=False, log_config=log_config(log_level)
+        app,
+        host=host,
+        port=port,
+        http=with_header_timeout(header_timeout_s),
+        log_level=log_level,
+        access_log=False,
+        log_config=log_config(log_level),
     )
