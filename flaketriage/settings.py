@@ -308,7 +308,8 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None,
         description="When set, the service's reads (`/v1/cases`, `/v1/runners`, `/v1/quarantine`) need "
-        "`Authorization: Bearer <token>`, and the CI side sends it.",
+        "`Authorization: Bearer <token>`, and the CI side sends it. `/readyz` says what is down (hosts, "
+        "users, addresses) only to a request with it; to others, `unavailable`.",
     )
     max_body_kb: int = Field(
         default=1024, ge=1, description="Largest request body the service accepts (larger: 413)."

@@ -156,16 +156,19 @@ def create_app(service: Service) -> FastAPI:
     async def body(request: Request) -> bytes:
         return await read_body(request, limit=limit, timeout_s=settings.body_timeout_s, too_large=too_large)
 
-    def authorized(authorization: str | None = Header(default=None)) -> None:
-        token = settings.api_token.get_secret_value() if settings.api_token else ""
-        if not token:
-            return
+    token = settings.api_token.get_secret_value() if settings.api_token else ""
+
+    def token_given(authorization: str | None) -> bool:
         given = (authorization or "").removeprefix("Bearer ").strip()
-        if (
-            not authorization
-            or not authorization.startswith("Bearer ")
-            or not hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
-        ):
+        return bool(
+            token
+            and authorization
+            and authorization.startswith("Bearer ")
+            and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
+        )
+
+    def authorized(authorization: str | None = Header(default=None)) -> None:
+        if token and not token_given(authorization):
             raise HTTPProblem(401, "send Authorization: Bearer <FLAKETRIAGE_API_TOKEN>")
 
     def answer(source: str, result: IntakeResult, notes: list[str], delivery: str) -> JSONResponse:
@@ -392,19 +395,37 @@ def create_app(service: Service) -> FastAPI:
     def healthz() -> Health:
         return Health(status="ok")
 
-    @app.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-    def readyz() -> JSONResponse:
-        """Ready when the database and the broker answer."""
-        health = Health(status="ok", database="ok", broker="ok")
+    @app.head("/healthz", include_in_schema=False)  # load balancers probe with HEAD
+    def healthz_head() -> Response:
+        return Response(status_code=200)
+
+    def readiness(detailed: bool) -> tuple[Health, int]:
+        problems: dict[str, str] = {}
         try:
             service.database.ping()
         except RecordsError as exc:
-            health.status, health.database = "unavailable", str(exc)
+            problems["database"] = str(exc)
         try:
             service.sender.ping()
         except BrokerError as exc:
-            health.status, health.broker = "unavailable", str(exc)
-        return JSONResponse(health.model_dump(), status_code=200 if health.status == "ok" else 503)
+            problems["broker"] = str(exc)
+        health = Health(status="unavailable" if problems else "ok", database="ok", broker="ok")
+        for part, detail in problems.items():
+            log.warning("readyz: the %s is unavailable: %s", part, detail)
+            setattr(health, part, detail if detailed else "unavailable")
+        return health, 503 if problems else 200
+
+    @app.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+    def readyz(authorization: str | None = Header(default=None)) -> JSONResponse:
+        """Ready when the database and the broker answer. What is wrong names hosts, users and
+        addresses: it is shown to a request with the API token only (and written to the server's
+        log); to others a part that is down is ``unavailable``."""
+        health, status = readiness(detailed=token_given(authorization))
+        return JSONResponse(health.model_dump(), status_code=status)
+
+    @app.head("/readyz", include_in_schema=False)
+    def readyz_head() -> Response:
+        return Response(status_code=readiness(detailed=False)[1])
 
     @app.get(
         "/metrics",

@@ -3,6 +3,7 @@ health, readiness and the Prometheus metrics."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,8 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flaketriage.dispatch import MemorySender
 from flaketriage.orchestrator.api_models import CaseDetail, CaseSummary, CaseVerdict
+from flaketriage.orchestrator.service import receiver_sender
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEvidence, refreshed_entry
 from flaketriage.records import CaseStatus, Database, QuarantineRow
+from flaketriage.settings import load_settings
 from flaketriage.workers.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -262,10 +265,45 @@ def test_readyz_is_a_503_when_the_broker_is_down(make_receiver: MakeReceiver) ->
     ready = receiver.client.get("/readyz")
 
     assert ready.status_code == 503
-    body = ready.json()
-    assert (body["status"], body["database"]) == ("unavailable", "ok")
-    assert "broker" in body["broker"]
+    assert ready.json() == {"status": "unavailable", "database": "ok", "broker": "unavailable"}
     assert receiver.client.get("/healthz").status_code == 200
+
+
+def test_head_probes_are_answered_without_a_body(make_receiver: MakeReceiver) -> None:
+    """Load balancers probe with HEAD: the status of the GET, no body."""
+    up = make_receiver()
+    down = make_receiver(sender=MemorySender(fail=True))
+
+    for receiver, ready in ((up, 200), (down, 503)):
+        healthz, readyz = receiver.client.head("/healthz"), receiver.client.head("/readyz")
+        assert (healthz.status_code, healthz.content) == (200, b"")
+        assert (readyz.status_code, readyz.content) == (ready, b"")
+
+
+def test_readyz_names_what_is_down_only_to_the_api_token(
+    make_receiver: MakeReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage's details (the database's user, host, port and name; the broker's address) are
+    for the operator: a request with the API token, and the server's log. Others see "unavailable"."""
+    down = Database("postgresql://secret_user@127.0.0.1:1/secret_db")
+    broker = "redis://127.0.0.1:1/7"
+    receiver = make_receiver(
+        database=down, sender=receiver_sender(load_settings(broker_url=broker)), api_token="tok"
+    )
+    caplog.set_level(logging.WARNING, logger="flaketriage.receiver")
+
+    anonymous = receiver.client.get("/readyz")
+    wrong = receiver.client.get("/readyz", headers={"Authorization": "Bearer nope"})
+    operator = receiver.client.get("/readyz", headers={"Authorization": "Bearer tok"})
+
+    hidden = {"status": "unavailable", "database": "unavailable", "broker": "unavailable"}
+    assert (anonymous.status_code, anonymous.json()) == (503, hidden)
+    assert (wrong.status_code, wrong.json()) == (503, hidden)
+    assert operator.status_code == 503
+    assert "secret_user" in operator.json()["database"] and "127.0.0.1:1" in operator.json()["broker"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "secret_user" in logged and "127.0.0.1:1" in logged
+    down.dispose()
 
 
 def test_readyz_and_reads_are_503_when_the_database_is_down(
@@ -281,8 +319,7 @@ def test_readyz_and_reads_are_503_when_the_database_is_down(
     ready = receiver.client.get("/readyz")
 
     assert ready.status_code == 503
-    assert ready.json()["status"] == "unavailable" and ready.json()["broker"] == "ok"
-    assert ready.json()["database"] not in (None, "ok")
+    assert ready.json() == {"status": "unavailable", "database": "unavailable", "broker": "ok"}
     for path in ("/v1/cases", "/v1/cases/1", "/v1/quarantine"):
         response = receiver.client.get(path)
         assert response.status_code == 503, path

@@ -325,3 +325,11 @@ def test_a_client_hanging_up_mid_body_is_one_short_line_in_the_log(served: Serve
     assert "Traceback" not in served.log_text(since)
     assert len(lines) == 1 and len(lines[0]) < 200, lines
     assert lines[0].startswith(("INFO", "WARNING")), lines
+
+
+# -- health probes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_a_head_probe_is_a_200_without_a_body(served: Served, path: str) -> None:
+    response = httpx.head(f"http://127.0.0.1:{served.port}{path}", timeout=10)
+    assert response.status_code == 200
+    assert response.content == b""
