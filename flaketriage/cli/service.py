@@ -159,8 +159,10 @@ def beat(
 
 
 def _beside_store(settings: Settings, name: str) -> Path:
+    from flaketriage.file_modes import FileModes
+
     root = settings.local_store()
     if root is None:
         return Path(tempfile.gettempdir()) / f"flaketriage-{name}"
-    root.mkdir(parents=True, exist_ok=True)
+    FileModes.of(settings.store_shared).make_dirs(root)  # beat may be the first to make the store
     return root / name

@@ -40,7 +40,7 @@ class MarkdownCommenter:
         path = self.path_for(repository, issue)
         try:
             self.modes.make_dirs(self.directory)
-            with locked(self.directory / ".comments.lock"):
+            with locked(self.directory / ".comments.lock", self.modes.file):
                 old = path.read_bytes() if path.exists() else f"# {repository}#{issue}\n".encode()
                 write_atomic(path, old + b"\n---\n\n" + body.encode("utf-8") + b"\n", mode=self.modes.file)
         except OSError as exc:

@@ -221,7 +221,7 @@ class Quarantine:
                 f"cannot create {self.path.parent} for the quarantine list ({exc.strerror or exc}); set "
                 "FLAKETRIAGE_QUARANTINE_FILE to a writable path"
             ) from exc
-        with report_lock(self.lock_path):
+        with report_lock(self.lock_path, self.modes.file):
             yield
 
     def _load(self) -> QuarantineDocument:

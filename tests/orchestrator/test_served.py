@@ -9,6 +9,7 @@ import contextlib
 import os
 import selectors
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -333,3 +334,13 @@ def test_a_head_probe_is_a_200_without_a_body(served: Served, path: str) -> None
     response = httpx.head(f"http://127.0.0.1:{served.port}{path}", timeout=10)
     assert response.status_code == 200
     assert response.content == b""
+
+
+# -- what it writes --------------------------------------------------------------------------------
+def test_what_the_service_writes_beside_its_store_is_its_owners(served: Served) -> None:
+    modes = {
+        str(path.relative_to(served.store)): stat.S_IMODE(path.stat().st_mode)
+        for path in [served.store, *served.store.rglob("*")]
+    }
+    assert {"service.db", "service.db-wal"} <= set(modes)
+    assert {name: mode for name, mode in modes.items() if mode not in (0o600, 0o700)} == {}

@@ -4,8 +4,11 @@ or the group's too for a shared store (0640, 2770), whatever the umask."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from flaketriage.workers.quarantine import Quarantine
 from flaketriage.workers.report.backend import open_issue_sink
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.report.markdown import MarkdownIssueSink
+from tests.conftest import wait_for
 
 FP = "ab" * 32
 EVIDENCE = QuarantineEvidence(
@@ -59,14 +63,25 @@ def test_issues_and_comment_replies_have_the_stores_modes(tmp_path: Path, modes:
     sink.upsert(_draft())
     sink.upsert(_draft())  # rewritten in place: still the same modes
     MarkdownCommenter(issues / "comments", modes=modes).comment("o/r", 7, "triaged")
-    written = {name: mode for name, mode in _modes_under(issues).items() if not name.endswith(".lock")}
     expected_dir = modes.directory
-    assert written == {
+    assert _modes_under(issues) == {
         ".": expected_dir,
         f"{FP[:16]}.md": modes.file,
+        ".flaketriage-issues.lock": modes.file,  # empty, but the store's like the rest
         "comments": expected_dir,
         "comments/o__r__7.md": modes.file,
+        "comments/.comments.lock": modes.file,
     }
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens any file: nothing to see")
+def test_a_shared_stores_lock_files_are_taken_by_the_group_too(tmp_path: Path) -> None:
+    """A lock file another member of the group created (0640) is opened read-only: flock needs no more."""
+    issues = tmp_path / "store" / "issues"
+    MarkdownIssueSink(issues, modes=SHARED).upsert(_draft())
+    lock = issues / ".flaketriage-issues.lock"
+    lock.chmod(0o440)  # as a member of the group who did not create it sees it: not writable
+    MarkdownIssueSink(issues, modes=SHARED).upsert(_draft())
 
 
 def test_the_settings_choose_the_modes(tmp_path: Path) -> None:
@@ -80,7 +95,7 @@ def test_the_settings_choose_the_modes(tmp_path: Path) -> None:
 def test_the_quarantine_list_is_the_owners(tmp_path: Path) -> None:
     path = tmp_path / "store" / "quarantine.json"
     Quarantine(path).add(FP, test_id="t", command="c", bundle_id="b", evidence=EVIDENCE, reason="flaky")
-    assert _mode(path) == 0o600 and _mode(path.parent) == 0o700
+    assert _modes_under(path.parent) == {".": 0o700, "quarantine.json": 0o600, ".quarantine.json.lock": 0o600}
 
 
 def test_a_sqlite_database_and_its_wal_are_the_owners(tmp_path: Path) -> None:
@@ -101,3 +116,53 @@ def test_an_existing_database_and_other_urls_are_left_alone(tmp_path: Path) -> N
     assert _mode(path) == 0o644
     for url in ("sqlite://", "sqlite:///:memory:", "postgresql://u@h/db", None):
         create_sqlite_file(url)  # nothing to create, nothing raised
+
+
+def test_beat_on_a_new_store_makes_it_the_owners(tmp_path: Path) -> None:
+    """`flaketriage beat` may be the first process to touch the store: the directory it creates for
+    its schedule is the store's, 0700, as the store itself makes it (it was 0755 under umask 022)."""
+    store = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAKETRIAGE_")}
+    env.update(FLAKETRIAGE_STORE=str(store), FLAKETRIAGE_BROKER_URL="memory://")
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "flaketriage", "beat"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    try:
+        wait_for(lambda: any(store.glob("beat-schedule*")), 60, "beat's schedule")
+    finally:
+        beat.terminate()
+        beat.wait(timeout=30)
+    modes = _modes_under(store)
+    assert modes.pop(".") == 0o700
+    assert modes and set(modes.values()) == {0o600}, modes
+
+
+@pytest.mark.slow
+def test_what_capture_and_triage_write_in_the_store_is_the_owners(tmp_path: Path) -> None:
+    """The real CLI under umask 022: the store, its objects and refs, the issue the triage writes,
+    and its lock file (0644 before) are the owner's alone."""
+    (tmp_path / "job.py").write_text("raise ValueError('always')\n")
+    store = tmp_path / ".flaketriage"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "GITHUB_"))}
+    env.update(FLAKETRIAGE_STORE=str(store), FLAKETRIAGE_SANDBOX="process")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flaketriage", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+            preexec_fn=lambda: os.umask(0o022),
+        )  # fmt: skip
+
+    captured = cli("capture", "--json", "--", sys.executable, "job.py")
+    bundle = json.loads(captured.stdout.strip().splitlines()[-1])["bundle"]
+    triaged = cli("triage", bundle, "--max-replays", "2")
+    assert triaged.returncode == 0, triaged.stderr
+    modes = _modes_under(store)
+    assert any(name.startswith("issues/") and name.endswith(".md") for name in modes), modes
+    wrong = {name: oct(mode) for name, mode in modes.items() if mode not in (0o600, 0o700)}
+    assert wrong == {}

@@ -297,11 +297,12 @@ def utc_now() -> datetime:
 
 
 @contextmanager
-def report_lock(lock_path: Path) -> Iterator[None]:
-    """`flaketriage.file_lock.locked`, a lock file that cannot be created raising `ReportError`."""
+def report_lock(lock_path: Path, mode: int) -> Iterator[None]:
+    """`flaketriage.file_lock.locked` (a lock file created with `mode`, the store's), a lock file that
+    cannot be created raising `ReportError`."""
     with ExitStack() as stack:
         try:
-            stack.enter_context(locked(lock_path))
+            stack.enter_context(locked(lock_path, mode))
         except OSError as exc:
             raise ReportError(
                 f"cannot create the lock file {lock_path} ({exc.strerror or exc}); make its directory "

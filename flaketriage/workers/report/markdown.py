@@ -70,7 +70,7 @@ class MarkdownIssueSink(IssueSink):
                 f"cannot create the issues directory {self.directory} ({exc.strerror or exc}); set "
                 "FLAKETRIAGE_ISSUES_DIR to a writable directory"
             ) from exc
-        with report_lock(self.directory / LOCK_NAME):
+        with report_lock(self.directory / LOCK_NAME, self.modes.file):
             existing = self._read(path, draft.fingerprint)
             if existing is not None and existing.counted(draft):
                 return ReportRef(kind="markdown", location=str(path), created=False)  # a retry
@@ -83,7 +83,7 @@ class MarkdownIssueSink(IssueSink):
         path = self.path_for(fingerprint)
         if not path.is_file():
             return None
-        with report_lock(self.directory / LOCK_NAME):
+        with report_lock(self.directory / LOCK_NAME, self.modes.file):
             record = self._read(path, fingerprint)
             if record is None:
                 return None
