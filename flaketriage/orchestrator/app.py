@@ -143,13 +143,20 @@ def create_app(service: Service) -> FastAPI:
     async def _records_down(request: Request, exc: RecordsError) -> JSONResponse:
         count(request, "database_down")
         log.warning("%s: 503, the database is unavailable: %s", request.url.path, exc)
-        return _problem(503, f"the database is unavailable (nothing was recorded), retry later: {exc}")
+        detail = "the database is unavailable (nothing was recorded), retry later"
+        return _problem(503, detail + shown(request, exc))
 
     @app.exception_handler(BrokerError)
     async def _broker_down(request: Request, exc: BrokerError) -> JSONResponse:
         count(request, "broker_down")
         log.warning("%s: 503, recorded but the broker is down: %s", request.url.path, exc)
-        return _problem(503, f"recorded, but the broker is down; it will be sent when it is back: {exc}")
+        detail = "recorded, but the broker is down; it will be sent when it is back"
+        return _problem(503, detail + shown(request, exc))
+
+    def shown(request: Request, exc: Exception) -> str:
+        # What failed names hosts, users, database names and addresses: for the API token's holder
+        # only (it is in the server's log), as /readyz shows it.
+        return f": {exc}" if token_given(request.headers.get("authorization")) else " (details in the log)"
 
     too_large = f"the body is larger than {settings.max_body_kb} KiB (FLAKETRIAGE_MAX_BODY_KB)"
 

@@ -384,6 +384,32 @@ def test_an_unreachable_database_is_a_503_and_nothing_is_sent(
     down.dispose()
 
 
+def test_a_503_names_what_is_down_only_to_the_api_tokens_holder(
+    make_receiver: MakeReceiver, captured: Captured
+) -> None:
+    """A 503's detail would name the database's user, host, port and name: an unauthenticated
+    caller (a signed sender, or anyone on the reads when no token is set) reads only that it is
+    down; the token's holder, as on /readyz, reads what failed."""
+    down = Database("postgresql://secret_user@127.0.0.1:1/secret_db")
+    public = make_receiver(database=down)
+    guarded = make_receiver(database=down, api_token="the-token")
+
+    answers = [
+        public.post_event(captured.event(captured.value_error)),
+        public.client.get("/v1/cases"),
+        guarded.client.get("/v1/cases", headers={"Authorization": "Bearer wrong"}),
+    ]
+    detailed = guarded.client.get("/v1/cases", headers={"Authorization": "Bearer the-token"})
+
+    for response in answers:
+        assert response.status_code in (401, 503), response.text
+        assert "secret_" not in response.text and "127.0.0.1" not in response.text, response.text
+    assert answers[0].status_code == answers[1].status_code == 503
+    assert "retry" in answers[0].json()["detail"]
+    assert detailed.status_code == 503 and "secret_db" in detailed.json()["detail"], detailed.text
+    down.dispose()
+
+
 def test_a_database_failing_mid_transaction_leaves_nothing_half_recorded(
     make_receiver: MakeReceiver, database: Database, captured: Captured, before_statement: BeforeStatement
 ) -> None:
