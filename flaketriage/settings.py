@@ -285,6 +285,13 @@ class Settings(BaseSettings):
         description="The service's records: `sqlite:///path.db` or `postgresql://user@host:5432/db`. "
         "Default: `sqlite:///<store>/service.db`.",
     )
+    database_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long `serve` and `worker` wait at start for a database that does not answer "
+        "yet (a restart, a database started beside them), trying again every few seconds, before they "
+        "give up with an error.",
+    )
     broker_url: str | None = Field(
         default=None,
         description="The Celery broker: `redis://host:6379/0`. Default: a durable local broker in "

@@ -45,7 +45,7 @@ def serve(
     from flaketriage.orchestrator.service import build_service
 
     settings = settings_for(store)
-    service = build_service(settings)
+    service = build_service(settings, _waiting)
     children: list[subprocess.Popen[bytes]] = []
     if embedded:
         env = {**os.environ, "FLAKETRIAGE_STORE": settings.store}
@@ -110,7 +110,7 @@ def worker(
     from flaketriage.workers.gpus import gpu_names
 
     settings = settings_for(store)
-    Database(settings.resolved_database_url()).upgrade()
+    Database(settings.resolved_database_url()).upgrade_when_up(settings.database_wait_s, _waiting)
     gpus = gpu_names()
     chosen = worker_queues(queues, gpus)
     err.print(
@@ -156,6 +156,10 @@ def beat(
     # else, so its umask makes them the store's: its owner's, or its group's too when shared.
     os.umask(0o007 if settings.store_shared else 0o077)
     app.Beat(schedule=str(path), loglevel="INFO").run()
+
+
+def _waiting(text: str) -> None:
+    err.print(labelled("flaketriage: warning:", "yellow", text))
 
 
 def _beside_store(settings: Settings, name: str) -> Path:

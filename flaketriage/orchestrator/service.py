@@ -6,7 +6,7 @@ sending side and the intake, so tests build theirs with their own database and s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,9 +112,10 @@ def sending_app(settings: Settings) -> Any:
     return app
 
 
-def build_service(settings: Settings) -> Service:
+def build_service(settings: Settings, say: Callable[[str], None] = print) -> Service:
+    """The service of `settings`, once its database answers (`say` is told while it waits)."""
     database = Database(settings.resolved_database_url())
-    database.upgrade()
+    database.upgrade_when_up(settings.database_wait_s, say)
     recorder: DeliveryRecorder | None = None
     if database.engine.dialect.name == "postgresql":
         # A database that takes concurrent writers: deliveries are recorded in a process of their

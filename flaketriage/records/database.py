@@ -11,7 +11,7 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +223,22 @@ class Database:
             raise RecordsError(
                 f"could not create or upgrade the schema at {self.safe_url}: {_first_line(exc)}"
             ) from exc
+
+    def upgrade_when_up(self, wait_s: float, say: Callable[[str], None], *, every_s: float = 2.0) -> None:
+        """`upgrade`, trying again every `every_s` while the database does not answer, for `wait_s`
+        at most: a service process started while its database restarts waits for it instead of
+        exiting. `say` is told of each wait; the last failure is raised."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.upgrade()
+                return
+            except RecordsError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                say(f"{exc}; trying again for {left:.0f} s more (FLAKETRIAGE_DATABASE_WAIT_S)")
+                time.sleep(min(every_s, left))
 
     def dispose(self) -> None:
         self.engine.dispose()

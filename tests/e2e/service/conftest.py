@@ -197,11 +197,21 @@ class Stack:
         self.beat = self._spawn("beat", name="beat")
 
     def start_worker(self, index: int) -> None:
+        """Start worker `index` and wait until it takes work: a test that cuts the database at once
+        must not meet a worker still making the schema."""
+        log = self.root / f"worker{index}.log"
+        readies = self._readies(log)
         proc = self._spawn("worker", "--concurrency", "1", name=f"worker{index}")
         if index < len(self.workers):
             self.workers[index] = proc
         else:
             self.workers.append(proc)
+        wait_for(lambda: self._readies(log) > readies, 120, f"worker {index} to be ready")
+
+    @staticmethod
+    def _readies(log: Path) -> int:
+        """How many times Celery said the worker logging to `log` is ready."""
+        return log.read_text(errors="replace").count(" ready.") if log.exists() else 0
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL the worker and its pool: what a lost machine or the OOM killer does."""
