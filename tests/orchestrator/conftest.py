@@ -21,6 +21,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx2 import Response
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, text
 
@@ -202,6 +203,17 @@ class Receiver:
     @property
     def database(self) -> Database:
         return self.service.database
+
+    def events_total(self, source: str, outcome: str) -> float:
+        """The ``flaketriage_events_total`` counter of `source` and `outcome`, as /metrics shows it."""
+        for family in text_string_to_metric_families(self.client.get("/metrics").text):
+            for sample in family.samples:
+                if sample.name == "flaketriage_events_total" and sample.labels == {
+                    "source": source,
+                    "outcome": outcome,
+                }:
+                    return float(sample.value)
+        return 0.0
 
     # -- sending ----------------------------------------------------------------------------------
     def post_event(

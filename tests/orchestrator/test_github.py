@@ -9,24 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from conftest import Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
 
 Load = Callable[[str], dict[str, Any]]
 MISSING = "f" * 64
-
-
-def events_total(receiver: Receiver, source: str, outcome: str) -> float:
-    for family in text_string_to_metric_families(receiver.client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == "flaketriage_events_total" and sample.labels == {
-                "source": source,
-                "outcome": outcome,
-            }:
-                return sample.value
-    return 0.0
 
 
 def _check_run(load_payload: Load, summary: str, text: str = "") -> dict[str, Any]:
@@ -470,7 +458,7 @@ def test_ping_and_unknown_events_are_ignored_and_counted(receiver: Receiver, loa
     for response in (ping, star, long_name):
         assert response.status_code == 200, response.text
         assert response.json() == {"outcome": "ignored", "cases": [], "work": [], "notes": []}
-    assert events_total(receiver, "github", "ignored") == 3
+    assert receiver.events_total("github", "ignored") == 3
     assert receiver.cases() == [] and receiver.sender.sent == []
 
 
@@ -487,7 +475,7 @@ def test_a_repeated_delivery_is_a_duplicate(
 
     assert again.status_code == 200 and again.json()["outcome"] == "duplicate"
     assert receiver.counts() == counts and receiver.sender.sent == sent
-    assert events_total(receiver, "github", "duplicate") == 1
+    assert receiver.events_total("github", "duplicate") == 1
 
 
 def test_a_delivery_id_seen_before_with_another_body_is_recorded_by_what_the_body_is_about(
@@ -580,7 +568,7 @@ def test_a_body_sent_again_under_another_delivery_id_is_a_duplicate(
         (200, "duplicate", [])
     ] * 3
     assert receiver.counts() == counts and receiver.sender.sent == sent
-    assert events_total(receiver, "github", "duplicate") == 3
+    assert receiver.events_total("github", "duplicate") == 3
 
 
 @pytest.mark.parametrize("kind", BODIES)

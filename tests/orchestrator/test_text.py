@@ -14,7 +14,6 @@ import psycopg
 import pytest
 import sqlalchemy.exc
 from httpx2 import Response
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from flaketriage.records import Database
@@ -28,17 +27,6 @@ Send = Callable[["Receiver", "Captured", Load, str], Response]
 LONE = "x\ud800y"
 NUL = "x\x00y"
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def _events_total(receiver: Receiver, source: str, outcome: str) -> float:
-    for family in text_string_to_metric_families(receiver.client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == "flaketriage_events_total" and sample.labels == {
-                "source": source,
-                "outcome": outcome,
-            }:
-                return sample.value
-    return 0.0
 
 
 # -- what each route is sent ----------------------------------------------------------------------
@@ -109,7 +97,7 @@ ROUTES: list[tuple[str, Send]] = [
 
 def _answered_and_readable(receiver: Receiver, response: Response, source: str) -> None:
     assert response.status_code in (200, 202, 422), response.text
-    assert _events_total(receiver, source, "database_down") == 0
+    assert receiver.events_total(source, "database_down") == 0
     for case_id in response.json().get("cases", []):
         read = receiver.client.get(f"/v1/cases/{case_id}")
         assert read.status_code == 200, read.text
@@ -198,8 +186,8 @@ def test_a_value_the_database_refuses_is_a_422_not_an_outage(
 
     assert response.status_code == 422, response.text
     assert "could not be stored" in response.json()["detail"]
-    assert _events_total(receiver, "events", "invalid") == 1
-    assert _events_total(receiver, "events", "database_down") == 0
+    assert receiver.events_total("events", "invalid") == 1
+    assert receiver.events_total("events", "database_down") == 0
     assert receiver.counts()["deliveries"] == 0 and receiver.sender.sent == []
 
 
