@@ -74,14 +74,34 @@ def test_issues_and_comment_replies_have_the_stores_modes(tmp_path: Path, modes:
     }
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root opens any file: nothing to see")
+UPSERT_AGAIN = """
+import sys
+from pathlib import Path
+from flaketriage.file_modes import FileModes
+from flaketriage.workers.report.base import IssueDraft
+from flaketriage.workers.report.markdown import MarkdownIssueSink
+draft = IssueDraft(
+    fingerprint="ab" * 32, title="t", body="b", labels=("flaketriage",), bundle_id="1" * 64,
+    minimal_bundle_id=None, verdict="flaky",
+)
+MarkdownIssueSink(Path(sys.argv[1]), modes=FileModes.of(shared=True)).upsert(draft)
+"""
+
+
 def test_a_shared_stores_lock_files_are_taken_by_the_group_too(tmp_path: Path) -> None:
     """A lock file another member of the group created (0640) is opened read-only: flock needs no more."""
     issues = tmp_path / "store" / "issues"
     MarkdownIssueSink(issues, modes=SHARED).upsert(_draft())
     lock = issues / ".flaketriage-issues.lock"
     lock.chmod(0o440)  # as a member of the group who did not create it sees it: not writable
-    MarkdownIssueSink(issues, modes=SHARED).upsert(_draft())
+    # Root opens any file; without these two capabilities it obeys the mode bits like anyone.
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    again = subprocess.run(
+        [*prefix, sys.executable, "-c", UPSERT_AGAIN, str(issues)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert _mode(lock) == 0o440
 
 
 def test_the_settings_choose_the_modes(tmp_path: Path) -> None:
