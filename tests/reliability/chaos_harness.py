@@ -8,7 +8,8 @@ root cannot run it) behind the e2e `TcpProxy`. Failures are captured by the real
 capture`` from small programs: half fail every time (deterministic, one issue each), half failed
 only at capture (their marker file is gone by replay: not reproduced, no issue). Signed events for
 them arrive while a schedule of faults runs: workers SIGKILLed (and started again), Redis restarted
-empty, PostgreSQL stopped ``-m immediate`` and started again. A sender retries what was not
+empty (just after a sweep finished: the worst moment), PostgreSQL stopped ``-m immediate`` and
+started again. A sender retries what was not
 accepted (a 503, a refused connection) with the same event, as ``flaketriage notify`` does.
 
 `ChaosReport` holds what the end shows: every event's case in a terminal state, one case per
@@ -39,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from flaketriage.work import SWEEP_TASK
 from tests.conftest import Redis as RedisServer
 from tests.conftest import S3Server, wait_for
 from tests.e2e.service.conftest import API_TOKEN, WEBHOOK_SECRET, Stack, TcpProxy, free_port
@@ -47,6 +49,11 @@ PG_BIN = Path(os.environ.get("FLAKETRIAGE_PG_BIN", "/usr/lib/postgresql/15/bin")
 BUCKET = "flaketriage-chaos"
 TERMINAL = ("reported", "fixed", "failed")
 """Case states no more work follows (``failed`` is terminal too, and counted as a miss)."""
+
+SWEEP_SENT = "Sending due task sweep"
+"""Beat's log line when it sends a sweep."""
+SWEEP_DONE = "] succeeded in "
+"""How a worker's log says it finished a task; counted on the lines of sweeps (`SWEEP_TASK`)."""
 
 DETERMINISTIC = "def fails_{tag}():\n    raise ZeroDivisionError('boom {tag}')\n\n\nfails_{tag}()\n"
 ONCE = (
@@ -96,6 +103,9 @@ class ChaosReport:
     reproducible: set[str] = field(default_factory=set)
     lost_bundles: list[str] = field(default_factory=list)
     queued_at_restart: int = 0
+    after_tick_s: float | None = None
+    """How long after beat sent the last sweep before the restart that sweep had run (and Redis
+    restarted): the next sweep was due one beat interval minus this after the restart."""
     resent_after_s: float | None = None
     """Seconds from Redis back empty until all work queued then was sent again or picked up."""
     faults: list[str] = field(default_factory=list)
@@ -183,6 +193,18 @@ def s3_server(root: Path) -> Iterator[S3Server]:
         proc.wait(timeout=20)
 
 
+class ChaosStack(Stack):
+    """The e2e `Stack`, its beat keeping its schedule in the stack's directory: with an ``s3://``
+    store beat's default is one file in the temporary directory, which every such beat shares."""
+
+    def start(self) -> None:
+        self.server = self._spawn("serve", "--port", str(self.port), name="server")
+        wait_for(lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200, 60, "the receiver")
+        for index in range(2):
+            self.start_worker(index)
+        self.beat = self._spawn("beat", "--schedule-file", str(self.root / "beat-schedule"), name="beat")
+
+
 @contextlib.contextmanager
 def chaos_stack(root: Path, plan: ChaosPlan) -> Iterator[tuple[Stack, PrivatePostgres, S3Server]]:
     """The service on private Redis, PostgreSQL and S3, with `plan.workers` workers and beat."""
@@ -213,7 +235,7 @@ def chaos_stack(root: Path, plan: ChaosPlan) -> Iterator[tuple[Stack, PrivatePos
                 **plan.settings,
             )
             (root / "project").mkdir(exist_ok=True)
-            stack = Stack(root=root, env=env, port=port, redis=redis, proxy=proxy)
+            stack = ChaosStack(root=root, env=env, port=port, redis=redis, proxy=proxy)
             stack.start()
             for index in range(2, plan.workers):
                 stack.start_worker(index)
@@ -347,6 +369,7 @@ class Faults:
                 self.stack.start_worker(index)
                 self.report.faults.append(f"{time.monotonic() - started:.0f}s: worker {index} SIGKILLed")
             elif action == "redis":
+                self._after_a_sweep()
                 self.stack.redis.restart()
                 restarted = datetime.now(UTC)
                 self.report.faults.append(f"{time.monotonic() - started:.0f}s: Redis restarted empty")
@@ -359,6 +382,18 @@ class Faults:
                     f"{time.monotonic() - started:.0f}s: PostgreSQL stopped (immediate) "
                     f"{self.plan.database_down_s:.0f} s and started"
                 )
+
+    def _after_a_sweep(self) -> None:
+        """Return as soon as a sweep beat sent has run: the next is nearly a whole beat interval away
+        (60 s by default), so the broker restart that follows waits about the longest for it. How
+        long after beat sent it (the sweep may wait behind busy workers) is `ChaosReport.after_tick_s`."""
+        beat = self.stack.root / "beat.log"
+        workers = sorted(self.stack.root.glob("worker*.log"))
+        sent = _count(beat, SWEEP_SENT)
+        wait_for(lambda: _count(beat, SWEEP_SENT) > sent, 120, "beat to send a sweep", every=0.1)
+        tick, done = time.monotonic(), _count_all(workers, SWEEP_DONE)
+        wait_for(lambda: _count_all(workers, SWEEP_DONE) > done, 120, "the sweep to run", every=0.1)
+        self.report.after_tick_s = time.monotonic() - tick
 
     def _measure_resend(self, restarted: datetime) -> None:
         """Until every work row and replay queued at `restarted` is sent again (``sent_at`` after it)
@@ -398,6 +433,16 @@ class Faults:
                     }
         if not works and not replays:
             self.report.resent_after_s = (datetime.now(UTC) - restarted).total_seconds()
+
+
+def _count(log: Path, text: str) -> int:
+    """Lines of `log` with `text` (of a sweep's, for `SWEEP_DONE`)."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return sum(1 for line in lines if text in line and (text != SWEEP_DONE or SWEEP_TASK in line))
+
+
+def _count_all(logs: list[Path], text: str) -> int:
+    return sum(_count(log, text) for log in logs)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -518,6 +563,7 @@ def describe(report: ChaosReport) -> str:
         "issues not reproducible": len(report.issues - report.reproducible),
         "lost bundles": report.lost_bundles,
         "queued at the broker restart": report.queued_at_restart,
+        "restart after beat's last sweep s": report.after_tick_s,
         "resent after s": report.resent_after_s,
     }
     return "\n".join([*report.faults, json.dumps(end, default=str)])
