@@ -3,14 +3,14 @@
 
 Every part is a real process started here: the receiver, worker processes and beat (the e2e
 `Stack`), a private ``redis-server``, ``moto_server`` holding the bundles (an ``s3://`` store), and
-a private PostgreSQL cluster (``initdb`` into a temporary directory, run as the ``postgres`` user:
-root cannot run it) behind the e2e `TcpProxy`. Failures are captured by the real ``flaketriage
-capture`` from small programs: half fail every time (deterministic, one issue each), half failed
-only at capture (their marker file is gone by replay: not reproduced, no issue). Signed events for
-them arrive while a schedule of faults runs: workers SIGKILLed (and started again), Redis restarted
-empty (just after a sweep finished: the worst moment), PostgreSQL stopped ``-m immediate`` and
-started again. A sender retries what was not
-accepted (a 503, a refused connection) with the same event, as ``flaketriage notify`` does.
+a private PostgreSQL cluster (``initdb`` into a temporary directory; as the ``postgres`` user when
+this is root, which PostgreSQL refuses) behind the e2e `TcpProxy`. Failures are captured by the
+real ``flaketriage capture`` from small programs: half fail every time (deterministic, one issue
+each), half failed only at capture (their marker file is gone by replay: not reproduced, no
+issue). Signed events for them arrive while a schedule of faults runs: workers SIGKILLed (and
+started again), Redis restarted empty (just after a sweep ran: the worst moment), PostgreSQL
+stopped ``-m immediate`` and started again. A sender retries what was not accepted (a 503, a
+refused connection) with the same event, as ``flaketriage notify`` does.
 
 `ChaosReport` holds what the end shows: every event's case in a terminal state, one case per
 fingerprint, one report per reproducible fingerprint, every bundle still whole in the store, and
@@ -21,6 +21,7 @@ again or picked up (read from the work and replay rows' ``sent_at`` and state).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import random
@@ -45,7 +46,12 @@ from tests.conftest import Redis as RedisServer
 from tests.conftest import S3Server, wait_for
 from tests.e2e.service.conftest import API_TOKEN, WEBHOOK_SECRET, Stack, TcpProxy, free_port
 
-PG_BIN = Path(os.environ.get("FLAKETRIAGE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = Path(
+    os.environ.get("FLAKETRIAGE_PG_BIN")
+    or max(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), default="")
+    or "/usr/lib/postgresql/15/bin"
+)
+"""PostgreSQL's programs: ``FLAKETRIAGE_PG_BIN``, else Debian's newest."""
 BUCKET = "flaketriage-chaos"
 TERMINAL = ("reported", "fixed", "failed")
 """Case states no more work follows (``failed`` is terminal too, and counted as a miss)."""
@@ -137,13 +143,13 @@ class PrivatePostgres:
         self.data = root / "data"
 
     def _pg(self, *args: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120
-        )
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # root may not run it
+        subprocess.run([*as_postgres, *args], check=True, capture_output=True, timeout=120)
 
     def init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        shutil.chown(self.root, "postgres")
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
         self._pg(str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
         self.start()
 
