@@ -1,16 +1,15 @@
 """The chaos harness: the whole service under fire, shared by ``tests/reliability/test_chaos.py``
 (small numbers, end states asserted) and ``bench/chaos.py`` (issue 23's numbers, figures printed).
 
-Every part is a real process started here: the receiver, worker processes and beat (the e2e
-`Stack`), a private ``redis-server``, ``moto_server`` holding the bundles (an ``s3://`` store), and
-a private PostgreSQL cluster (``initdb`` into a temporary directory; as the ``postgres`` user when
-this is root, which PostgreSQL refuses) behind the e2e `TcpProxy`. Failures are captured by the
-real ``flaketriage capture`` from small programs: half fail every time (deterministic, one issue
-each), half failed only at capture (their marker file is gone by replay: not reproduced, no
-issue). Signed events for them arrive while a schedule of faults runs: workers SIGKILLed (and
-started again), Redis restarted empty (just after a sweep ran: the worst moment), PostgreSQL
-stopped ``-m immediate`` and started again. A sender retries what was not accepted (a 503, a
-refused connection) with the same event, as ``flaketriage notify`` does.
+Every part is a real process started here (`tests.reliability.chaos_stack`): the receiver, worker
+processes and beat, a private ``redis-server``, ``moto_server`` holding the bundles (an ``s3://``
+store), and a private PostgreSQL cluster. Failures are captured by the real ``flaketriage capture``
+from small programs: half fail every time (deterministic, one issue each), half failed only at
+capture (their marker file is gone by replay: not reproduced, no issue). Signed events for them
+arrive while a schedule of faults runs: workers SIGKILLed (and started again), Redis restarted
+empty (just after a sweep ran: the worst moment), PostgreSQL stopped ``-m immediate`` and started
+again. A sender retries what was not accepted (a 503, a refused connection) with the same event,
+as ``flaketriage notify`` does.
 
 `ChaosReport` holds what the end shows: every event's case in a terminal state, one case per
 fingerprint, one report per reproducible fingerprint, every bundle still whole in the store, and
@@ -21,14 +20,9 @@ again or picked up (read from the work and replay rows' ``sent_at`` and state).
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import random
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -42,17 +36,10 @@ from typing import Any
 import httpx
 
 from flaketriage.work import SWEEP_TASK
-from tests.conftest import Redis as RedisServer
-from tests.conftest import S3Server, wait_for
-from tests.e2e.service.conftest import API_TOKEN, WEBHOOK_SECRET, Stack, TcpProxy, free_port
+from tests.conftest import wait_for
+from tests.e2e.service.conftest import WEBHOOK_SECRET, Stack
+from tests.reliability.chaos_stack import PrivatePostgres, chaos_stack
 
-PG_BIN = Path(
-    os.environ.get("FLAKETRIAGE_PG_BIN")
-    or max(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), default="")
-    or "/usr/lib/postgresql/15/bin"
-)
-"""PostgreSQL's programs: ``FLAKETRIAGE_PG_BIN``, else Debian's newest."""
-BUCKET = "flaketriage-chaos"
 TERMINAL = ("reported", "fixed", "failed")
 """Case states no more work follows (``failed`` is terminal too, and counted as a miss)."""
 
@@ -131,128 +118,6 @@ class ChaosReport:
         return all(self.reports_per_fingerprint.get(f) == 1 for f in self.reproducible) and self.issues == (
             self.reproducible
         )
-
-
-# -- the parts -------------------------------------------------------------------------------------
-class PrivatePostgres:
-    """A PostgreSQL cluster of its own, so that it can be restarted without touching the machine's."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.data = root / "data"
-
-    def _pg(self, *args: str) -> None:
-        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # root may not run it
-        subprocess.run([*as_postgres, *args], check=True, capture_output=True, timeout=120)
-
-    def init(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres")
-        self._pg(str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
-        self.start()
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._pg(
-            str(PG_BIN / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.root / "log"),
-            "-o",
-            options,
-            "-w",
-            "start",
-        )
-
-    def stop(self, mode: str = "immediate") -> None:
-        self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-
-@contextlib.contextmanager
-def s3_server(root: Path) -> Iterator[S3Server]:
-    """``moto_server`` on a free port with the bucket `BUCKET`."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLAKETRIAGE_"))}
-    with (root / "moto.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    server = S3Server(f"http://127.0.0.1:{port}")
-    try:
-        wait_for(
-            lambda: httpx.get(server.endpoint + "/moto-api/", timeout=2, trust_env=False), 60, "moto_server"
-        )
-        server.client().create_bucket(Bucket=BUCKET)
-        yield server
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
-class ChaosStack(Stack):
-    """The e2e `Stack`, its beat keeping its schedule in the stack's directory: with an ``s3://``
-    store beat's default is one file in the temporary directory, which every such beat shares."""
-
-    def start(self) -> None:
-        self.server = self._spawn("serve", "--port", str(self.port), name="server")
-        wait_for(lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200, 60, "the receiver")
-        for index in range(2):
-            self.start_worker(index)
-        self.beat = self._spawn("beat", "--schedule-file", str(self.root / "beat-schedule"), name="beat")
-
-
-@contextlib.contextmanager
-def chaos_stack(root: Path, plan: ChaosPlan) -> Iterator[tuple[Stack, PrivatePostgres, S3Server]]:
-    """The service on private Redis, PostgreSQL and S3, with `plan.workers` workers and beat."""
-    pg = PrivatePostgres(Path(tempfile.mkdtemp(prefix="flaketriage-chaos-pg-")))
-    redis = RedisServer(free_port())
-    stack: Stack | None = None
-    try:
-        pg.init()
-        proxy = TcpProxy(("127.0.0.1", pg.port))
-        proxy.start()
-        redis.start()
-        with s3_server(root) as s3:
-            port = free_port()
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "AWS_"))}
-            env.update(s3.env)
-            env.update(
-                FLAKETRIAGE_STORE=f"s3://{BUCKET}/chaos",
-                FLAKETRIAGE_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres",
-                FLAKETRIAGE_BROKER_URL=redis.url,
-                FLAKETRIAGE_WEBHOOK_SECRET=WEBHOOK_SECRET,
-                FLAKETRIAGE_API_TOKEN=API_TOKEN,
-                FLAKETRIAGE_NOTIFY_URL=f"http://127.0.0.1:{port}/v1/events",
-                FLAKETRIAGE_ISSUES_DIR=str(root / "issues"),
-                FLAKETRIAGE_OUTBOX_DIR=str(root / "outbox"),
-                FLAKETRIAGE_QUARANTINE_FILE=str(root / "quarantine.json"),
-                PYTHONUNBUFFERED="1",
-                **POLICY,
-                **plan.settings,
-            )
-            (root / "project").mkdir(exist_ok=True)
-            stack = ChaosStack(root=root, env=env, port=port, redis=redis, proxy=proxy)
-            stack.start()
-            for index in range(2, plan.workers):
-                stack.start_worker(index)
-            yield stack, pg, s3
-    finally:
-        if stack is not None:
-            stack.stop()
-        redis.stop()
-        with contextlib.suppress(subprocess.SubprocessError):
-            pg.stop("fast")
-        shutil.rmtree(pg.root, ignore_errors=True)
 
 
 # -- failures and events ---------------------------------------------------------------------------
@@ -457,7 +322,7 @@ def run_chaos(plan: ChaosPlan, root: Path, log: Any = print) -> ChaosReport:
     and say what the end shows."""
     report = ChaosReport()
     began = time.monotonic()
-    with chaos_stack(root, plan) as (stack, pg, _):
+    with chaos_stack(root, workers=plan.workers, settings={**POLICY, **plan.settings}) as (stack, pg, _):
         log(f"stack up: receiver, {plan.workers} workers, beat, Redis, PostgreSQL :{pg.port}, moto_server")
         failures = capture_failures(stack, plan.failures)
         log(f"captured {len(failures)} failures into {stack.env['FLAKETRIAGE_STORE']}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.chaos_harness import PG_BIN, ChaosPlan, describe, run_chaos
+from tests.reliability.chaos_harness import ChaosPlan, describe, run_chaos
+from tests.reliability.chaos_stack import PG_BIN
 
 pytestmark = pytest.mark.slow
 
