@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import itertools
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -265,6 +266,7 @@ def main() -> int:
                 accepted += 1 if ok else 0  # the probe's delivery
         finally:
             procs.stop()
+            shutil.rmtree(work, ignore_errors=True)
     return report(phases, drains, seconds)
 
 
