@@ -40,6 +40,9 @@ def task_name(step: Step | str) -> str:
 
 SWEEP_TASK = "flaketriage.sweep"
 """Re-send work whose message was lost (the database is the record, the broker only carries work)."""
+BROKER_CHECK_TASK = "flaketriage.broker_check"
+"""Whether a Redis broker restarted empty, asked more often than sweeps run: when it did, the sweep's
+work (all queued and waiting work sent again) is done at once instead of at the next sweep."""
 SCHEDULE_RERUNS_TASK = "flaketriage.schedule_reruns"
 SCHEDULE_TELEMETRY_TASK = "flaketriage.schedule_telemetry"
 GC_TASK = "flaketriage.gc"

@@ -23,6 +23,7 @@ from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.records import Database
 from flaketriage.settings import Settings
 from flaketriage.work import (
+    BROKER_CHECK_TASK,
     GC_TASK,
     SCHEDULE_RERUNS_TASK,
     SCHEDULE_TELEMETRY_TASK,
@@ -96,6 +97,7 @@ def create_celery(settings: Settings) -> Celery:
     app.conf.beat_schedule = beat_schedule(settings)
     app.conf.task_routes = {
         SWEEP_TASK: {"queue": Queue.REPORT.value},
+        BROKER_CHECK_TASK: {"queue": Queue.REPORT.value},
         SCHEDULE_RERUNS_TASK: {"queue": Queue.REPORT.value},
         SCHEDULE_TELEMETRY_TASK: {"queue": Queue.REPORT.value},
         GC_TASK: {"queue": Queue.REPORT.value},
@@ -129,12 +131,20 @@ def create_celery(settings: Settings) -> Celery:
     for step in Step:
         step_task(step)
 
-    def sweep() -> int:
+    def emptied() -> bool:
         with app.connection_for_write() as connection:
-            emptied = broker_was_emptied(connection)
-        if emptied:
+            lost = broker_was_emptied(connection)
+        if lost:
             log.warning("the broker lost its messages (it restarted empty): sending all waiting work again")
-        return holder.env().dispatcher.sweep(broker_emptied=emptied)
+        return lost
+
+    def sweep() -> int:
+        return holder.env().dispatcher.sweep(broker_emptied=emptied())
+
+    def broker_check() -> int:
+        # One Redis command when nothing happened; the sweep's resending only when the broker lost
+        # its messages, so lost work goes out within this check's period, not the sweep's minute.
+        return holder.env().dispatcher.sweep(broker_emptied=True) if emptied() else 0
 
     def schedule_reruns() -> int:
         return Upkeep(holder.env()).schedule_reruns()
@@ -156,6 +166,7 @@ def create_celery(settings: Settings) -> Celery:
 
     for name, fn in (
         (SWEEP_TASK, sweep),
+        (BROKER_CHECK_TASK, broker_check),
         (SCHEDULE_RERUNS_TASK, schedule_reruns),
         (SCHEDULE_TELEMETRY_TASK, schedule_telemetry),
         (GC_TASK, gc),
@@ -166,12 +177,14 @@ def create_celery(settings: Settings) -> Celery:
     return app
 
 
+BROKER_CHECK_EVERY_S = 10.0
+"""How often beat asks whether a Redis broker restarted empty (`BROKER_CHECK_TASK`)."""
+
+
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    return {
-        "sweep": {
-            "task": SWEEP_TASK,
-            "schedule": timedelta(seconds=max(5.0, min(60.0, settings.sweep_after_s / 2))),
-        },
+    sweep_every_s = max(5.0, min(60.0, settings.sweep_after_s / 2))
+    schedule: dict[str, dict[str, Any]] = {
+        "sweep": {"task": SWEEP_TASK, "schedule": timedelta(seconds=sweep_every_s)},
         "isolation-reruns": {
             "task": SCHEDULE_RERUNS_TASK,
             "schedule": timedelta(seconds=settings.rerun_every_s),
@@ -182,3 +195,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         },
         "store-gc": {"task": GC_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
     }
+    if settings.resolved_broker_url().startswith(("redis://", "rediss://")) and (
+        sweep_every_s > BROKER_CHECK_EVERY_S
+    ):
+        # Only Redis forgets its messages on a restart (the local broker keeps them on disk).
+        schedule["broker-check"] = {
+            "task": BROKER_CHECK_TASK,
+            "schedule": timedelta(seconds=BROKER_CHECK_EVERY_S),
+        }
+    return schedule
