@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -142,7 +143,10 @@ def beat(
     store: StoreOption = None,
     schedule_file: Annotated[
         Path | None,
-        typer.Option(help="Where beat keeps its last run times (default: <store>/beat-schedule)."),
+        typer.Option(
+            help="Where beat keeps its last run times (default: <store>/beat-schedule; for an s3:// "
+            "store, a file of that store's in the temporary directory)."
+        ),
     ] = None,
 ) -> None:
     """Run the scheduler: sweeps of lost work, isolation reruns, telemetry runs, store GC."""
@@ -167,6 +171,9 @@ def _beside_store(settings: Settings, name: str) -> Path:
 
     root = settings.local_store()
     if root is None:
-        return Path(tempfile.gettempdir()) / f"flaketriage-{name}"
+        # A store that is no directory (s3://): one file per store and user, so two beats of other
+        # stores on one machine never share a schedule.
+        key = hashlib.sha256(f"{os.getuid()}|{settings.store}".encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"flaketriage-{name}-{key}"
     FileModes.of(settings.store_shared).make_dirs(root)  # beat may be the first to make the store
     return root / name

@@ -219,10 +219,6 @@ class Stack:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
-    def pause_workers(self, pause: bool) -> None:
-        for proc in self.workers:
-            os.killpg(proc.pid, signal.SIGSTOP if pause else signal.SIGCONT)
-
     def stop(self) -> None:
         for proc in [p for p in (self.server, self.beat, *self.workers) if p is not None]:
             try:
