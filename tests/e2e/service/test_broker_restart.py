@@ -21,17 +21,10 @@ SWEEP_EVERY_S = 60.0
 
 def test_work_a_restarted_broker_lost_is_sent_again_before_the_next_sweep(stack: Stack) -> None:
     bundle = stack.capture(DETERMINISTIC.format(tag=tag()))
-    # No worker takes the task (a paused one would: Redis hands a message to a waiting consumer's
-    # socket at once), so it is in the broker alone ...
-    for index in range(len(stack.workers)):
-        stack.kill_worker(index)
-    try:
+    with stack.workers_down():  # the task is in the broker alone ...
         assert _post_event(stack, _event_body(stack, bundle)).status_code == 202
         stack.redis.restart()  # ... and the broker forgets it
         restarted = time.monotonic()
-    finally:
-        for index in range(len(stack.workers)):
-            stack.start_worker(index)
 
     def taken() -> bool:
         case = stack.case_for(bundle)

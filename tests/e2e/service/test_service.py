@@ -254,16 +254,9 @@ def test_a_worker_killed_mid_replay_loses_nothing(stack: Stack) -> None:
 
 def test_a_broker_restart_with_empty_queues_loses_nothing(stack: Stack) -> None:
     bundle = stack.capture(DETERMINISTIC.format(tag=tag()))
-    # No worker takes the task (a paused one would: Redis hands a message to a waiting consumer's
-    # socket at once), so it is in the broker alone ...
-    for index in range(len(stack.workers)):
-        stack.kill_worker(index)
-    try:
+    with stack.workers_down():  # the task is in the broker alone ...
         assert _post_event(stack, _event_body(stack, bundle)).status_code == 202
         stack.redis.restart()  # ... and the broker forgets it
-    finally:
-        for index in range(len(stack.workers)):
-            stack.start_worker(index)
     case = stack.wait_case(bundle, timeout=180)  # the sweep sends it again
     assert case["verdict"] == "deterministic"
 
