@@ -14,7 +14,7 @@ import sys
 import venv
 from pathlib import Path
 
-from flaketriage.workers.sandbox.namespaces import Namespaces
+from flaketriage.workers.sandbox.namespaces import Namespaces, interpreter_environment
 
 ROOT = Path(__file__).resolve().parents[3]
 PROBE = (
@@ -97,7 +97,11 @@ def test_the_workspace_stays_writable_when_a_readable_path_is_it_or_above_it(tmp
         done = subprocess.run(
             [sys.executable, "-S", "-c", code],
             cwd=workspace, capture_output=True, text=True, timeout=60, check=False,
-            preexec_fn=Namespaces(network=True, files=True).preexec(workspace, workspace, readable),
+            # This interpreter too, as every run is given it: a checkout (and its venv) under /tmp is
+            # hidden by the private /tmp otherwise.
+            preexec_fn=Namespaces(network=True, files=True).preexec(
+                workspace, workspace, [*readable, interpreter_environment()]
+            ),
         )  # fmt: skip
         assert done.returncode == 0, (readable, done.stderr)
         assert (workspace / "pkg" / "out" / "f").read_text() == "ok"
