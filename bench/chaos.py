@@ -10,8 +10,8 @@ touches nobody else's. The harness is ``tests/reliability/chaos_harness.py``, wh
 ``tests/reliability/test_chaos.py`` runs with smaller numbers.
 
 The sweep runs at its default cadence (``FLAKETRIAGE_SWEEP_AFTER_S`` unset: every 60 s), and Redis
-is restarted just after a sweep finished, so the next is a whole interval away: the broker figure
-is the worst a default deployment gets (a restart at any other moment is sent again sooner). The
+is restarted just after a sweep finished, so the next is a whole interval away: what sends the lost
+work again sooner is beat's broker check (every 10 s), whatever the moment of the restart. The
 Redis visibility timeout is 30 s (default: an hour) so that a killed worker's task comes back within
 the run; the policy decides in 5 to 9 replays. Goals: every event's case terminal (none failed),
 exactly one case per fingerprint, exactly one report per reproducible fingerprint (and an issue for
