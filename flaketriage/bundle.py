@@ -71,7 +71,13 @@ def describe_failure(manifest: Manifest) -> str:
     if f.kind == "signal":
         return f"killed by {f.signal}"
     if f.kind == "exit":
-        return f"exit {f.exit_code}" + (f": {f.detail}" if f.detail else "")
+        # The detail is the status (``exit:1``) or pytest's refusal after it (``exit:4 (pytest
+        # usage error): ERROR: not found: ...``): the status is said once, the message after it.
+        said = f"exit {f.exit_code}"
+        detail = (f.detail or "").removeprefix(f"exit:{f.exit_code}").strip()
+        if detail:
+            return f"{said} {detail}" if detail.startswith("(") else f"{said}: {detail}"
+        return f"{said}: {f.message}" if f.message else said
     return f"{f.kind}: {f.detail or ''}".strip().rstrip(":")
 
 

@@ -53,7 +53,15 @@ from flaketriage.workers.report.render import evidence_line, render_comment
 from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
 from flaketriage.workers.sandbox import Sandbox
 from flaketriage.workers.telemetry import TelemetryRun, telemetry_policy
-from flaketriage.workers.triage import Finding, TriageResult, decide, report, should_minimize, triage
+from flaketriage.workers.triage import (
+    Finding,
+    TriageResult,
+    decide,
+    drawn_seed_argv,
+    report,
+    should_minimize,
+    triage,
+)
 from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy
 
 log = logging.getLogger("flaketriage.workers")
@@ -176,8 +184,8 @@ class Pipeline:
             self.env.dispatcher.send([Outgoing(task_name(Step.TRIAGE), WorkOrder(work_id=work_id), queue)])
             return f"moved to the {queue.value} queue"
         self._set_case(work.case_id, status=CaseStatus.TRIAGING.value, only_from=(CaseStatus.QUEUED.value,))
-        if OrderTarget.of(manifest) is not None:
-            return self._triage_in_order(work, manifest)
+        if OrderTarget.of(manifest) is not None or drawn_seed_argv(manifest) is not None:
+            return self._triage_whole(work, manifest)
         policy = self.env.policy()
         outgoing: list[Outgoing | None] = []
         with self.db.session() as session:
@@ -240,9 +248,11 @@ class Pipeline:
         self.env.dispatcher.send(outgoing)
         return state
 
-    def _triage_in_order(self, work: Work, manifest: Manifest) -> str:
-        """A test that recorded the tests run before it may be order-dependent: the whole triage,
-        with its polluter search, runs here in one task (the search is sequential by nature)."""
+    def _triage_whole(self, work: Work, manifest: Manifest) -> str:
+        """The whole triage in one task, for the questions that follow the verdict's replays one by
+        one: a test that recorded the tests run before it may be order-dependent (the polluter
+        search is sequential by nature), and a failure under a seed its session drew is asked again
+        under fresh seeds (`decide_seeds`) when it reproduced every time."""
         policy = self.env.policy()
         progress = TriageProgress(
             self.db, work.id, planned=policy.max_replays, runner=self.env.runner, worker=self.env.worker

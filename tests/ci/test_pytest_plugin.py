@@ -399,6 +399,41 @@ def test_order_dependent_failure_names_its_polluter(pytester: pytest.Pytester, s
     assert search["oracle_calls"] <= 2 * 3.17 + 5
 
 
+@pytest.mark.usefixtures("only_our_plugin")
+def test_a_budget_spent_inside_the_polluter_search_names_no_polluter_and_decides_nothing(
+    pytester: pytest.Pytester, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flaketriage.workers.triage as triage_module
+    from flaketriage.workers.cost import CostMeter
+
+    class RunsMeter(CostMeter):
+        """A budget of 5 runs instead of seconds: spent after the 2 alone, the 2 in order and
+        one run of the search, whatever each run cost."""
+
+        def exhausted(self) -> bool:
+            self.cost.budget_spent = self.cost.budget_spent or self.cost.runs >= 5
+            return self.cost.budget_spent
+
+    monkeypatch.setattr(triage_module, "CostMeter", RunsMeter)
+    pytester.makepyfile(**ORDER_SUITE)
+    assert run(pytester, store_dir).ret == 1
+    (manifest,) = captured(store_dir)
+    result = triage(
+        LocalStore(store_dir),
+        manifest.bundle_id,
+        sandbox=ProcessSandbox(),
+        policy=FAST,
+        sink=None,
+        quarantine=None,
+        context=ReplayContext.from_process(),
+        budget_s=1000.0,
+    )
+    data = result.to_json()
+    assert result.polluter_search is None and result.polluters == []
+    assert data["decided"] is False and data["cost"]["budget_spent"] is True
+    assert data["cost"]["runs"] == 5 and data["report"]["kind"] == "none"
+
+
 # An option whose value is optional, like pytest-cov's ``--cov``: at the end of ``addopts`` it takes
 # whatever argument follows it as its value when that argument does not look like an option.
 OPTIONAL_VALUE_OPTION = """

@@ -80,3 +80,20 @@ def test_tampered_manifest_is_detected(tmp_path: Path, make_manifest: Callable[.
     path.write_bytes(b"\x00" + path.read_bytes()[1:].replace(b"division", b"DIVISION"))
     with pytest.raises(CorruptObjectError, match=bundle_id):
         load_manifest(st, bundle_id)
+
+
+def test_an_exit_is_described_once_with_pytest_s_reason_or_the_last_error_line(
+    make_manifest: Callable[..., Manifest],
+) -> None:
+    from flaketriage.bundle import describe_failure
+    from flaketriage.fingerprint import fingerprint_failure
+
+    def described(exit_code: int, stdout: str = "", stderr: str = "") -> str:
+        info = fingerprint_failure(exit_code=exit_code, stdout=stdout, stderr=stderr)
+        assert info is not None
+        return describe_failure(make_manifest(failure=info.to_failure()))
+
+    refused = described(4, stderr="ERROR: not found: /w/t.py::test_gone\n(no match in any of [<Module t.py>])\n")
+    assert refused == "exit 4 (pytest usage error): ERROR: not found: /w/t.py::test_gone"
+    assert described(3, stderr="boom: loss is nan\n") == "exit 3: boom: loss is nan"
+    assert described(2) == "exit 2"

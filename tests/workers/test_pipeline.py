@@ -186,6 +186,34 @@ def test_a_spent_budget_stops_the_service_s_triage_after_a_batch_undecided_and_u
     assert case.evidence["cost"]["budget_spent"] is True and case.evidence["cost"]["runs"] == 4
 
 
+# Fails under the seed its session drew (1234) and under even seeds; passes under any other.
+SEEDED = (
+    "import sys\n"
+    "seed = int(next(a for a in sys.argv if a.startswith('--randomly-seed=')).split('=', 1)[1])\n"
+    "if seed == 1234 or seed % 2 == 0:\n"
+    "    raise RuntimeError('seeded boom')\n"
+)
+
+
+def test_a_failure_under_the_seed_its_session_drew_is_asked_under_fresh_seeds_by_the_service(
+    world: World,
+) -> None:
+    from flaketriage.bundle import load_manifest, write_bundle
+    from flaketriage.manifest import Seeds
+
+    captured = load_manifest(world.store, world.capture(SEEDED, "--randomly-seed=1234"))
+    drawn = Seeds(values={"pytest-randomly": 1234}, drawn=("pytest-randomly",))
+    bundle = write_bundle(world.store, captured.model_copy(update={"seeds": drawn}))
+    case_id = world.announce(bundle)
+    world.drive()
+    case = world.case(case_id)
+    # Every replay under 1234 fails; under fresh seeds about half pass: flaky, as CI sees it.
+    assert case.verdict == "flaky", case.evidence
+    assert case.evidence is not None
+    assert [f["kind"] for f in case.evidence["findings"]] == ["seed"]
+    assert "--randomly-seed=1234" in case.evidence["findings"][0]["summary"]
+
+
 def test_a_bundle_whose_python_the_runner_lacks_gets_the_environment_verdict(world: World) -> None:
     from flaketriage.bundle import load_manifest, write_bundle
     from flaketriage.workers.environment_build import EnvironmentBuilder
