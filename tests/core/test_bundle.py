@@ -93,7 +93,8 @@ def test_an_exit_is_described_once_with_pytest_s_reason_or_the_last_error_line(
         assert info is not None
         return describe_failure(make_manifest(failure=info.to_failure()))
 
-    refused = described(4, stderr="ERROR: not found: /w/t.py::test_gone\n(no match in any of [<Module t.py>])\n")
+    not_found = "ERROR: not found: /w/t.py::test_gone\n(no match in any of [<Module t.py>])\n"
+    refused = described(4, stderr=not_found)
     assert refused == "exit 4 (pytest usage error): ERROR: not found: /w/t.py::test_gone"
     assert described(3, stderr="boom: loss is nan\n") == "exit 3: boom: loss is nan"
     assert described(2) == "exit 2"
