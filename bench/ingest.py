@@ -86,8 +86,8 @@ def serve(port: int) -> None:
 
 def write_requests(path: Path, store: Path, count: int) -> None:
     """`count` signed events, each a new failure (its own fingerprint), one per line."""
+    from flaketriage.bundle.manifest import Provenance
     from flaketriage.events import FailureEvent, FailureSummary, StoreLocation
-    from flaketriage.manifest import Provenance
     from flaketriage.signing import sign
 
     location = StoreLocation.parse(store)

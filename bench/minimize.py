@@ -65,13 +65,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import check
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
 from flaketriage.errors import MinimizeError
 from flaketriage.store import LocalStore, Store
-from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
-from flaketriage.workers.noisy_oracle import DEFAULT_ERROR, SEARCH_ERROR, TRUST_CHECK_RUNS
+from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
+from flaketriage.workers.minimize.noisy_oracle import DEFAULT_ERROR, SEARCH_ERROR, TRUST_CHECK_RUNS
+from flaketriage.workers.minimize.reducer import SubsetReducer, ddmin
 from flaketriage.workers.replay import Variant
-from flaketriage.workers.subset_reducer import SubsetReducer, ddmin
 from flaketriage.workers.triage import should_minimize
 from flaketriage.workers.verdict import Outcome, SequentialTest, VerdictPolicy, clopper_pearson
 

@@ -64,8 +64,8 @@ class SignedEvents:
     """Signed ``POST /v1/events`` requests, each a new failure, as raw HTTP/1.1 bytes."""
 
     def __init__(self, port: int, store: Path) -> None:
+        from flaketriage.bundle.manifest import Provenance
         from flaketriage.events import FailureEvent, FailureSummary, StoreLocation
-        from flaketriage.manifest import Provenance
 
         event = FailureEvent(
             event_id="a" * 32,

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import check
 
+from flaketriage.workers.minimize.reducer import ddmin
 from flaketriage.workers.polluters import find_polluters
-from flaketriage.workers.subset_reducer import ddmin
 
 SIZES = (10, 100, 1_000)
 Oracle = Callable[[Sequence[str]], bool]

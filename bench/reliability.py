@@ -54,11 +54,11 @@ def receiver(backend: str, store: Path, work: Path) -> Iterator[tuple[Any, Any]]
     """(TestClient, Database) of a receiver on `backend`, as the tests' ``make_receiver`` builds it."""
     from fastapi.testclient import TestClient
 
-    from flaketriage.dispatch import MemorySender
     from flaketriage.orchestrator.app import create_app
     from flaketriage.orchestrator.service import Service
     from flaketriage.records import Database
     from flaketriage.settings import load_settings
+    from flaketriage.work.dispatch import MemorySender
     from tests.reliability.probe import EVENTS_SECRET, GITHUB_SECRET, SENTRY_SECRET
 
     settings = load_settings(
@@ -89,7 +89,7 @@ def fuzz(backend: str, count: int, work: Path) -> tuple[int, list[Any]]:
     """Send `count` hostile requests to a fresh receiver on `backend`: (sent, problems)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from flaketriage.bundle import load_manifest
+    from flaketriage.bundle.io import load_manifest
     from flaketriage.events import FailureEvent, StoreLocation
     from flaketriage.store import open_store
     from tests.orchestrator.conftest import FAIL_PY, KEY_PY, _capture
@@ -189,7 +189,7 @@ def secrets_round(seed: int, work: Path) -> tuple[int, list[str], list[str]]:
 
 def api_answers(run: Any, work: Path) -> list[tuple[str, str]]:
     """The receiver's answers about the run's bundle: the event, the case list, the case."""
-    from flaketriage.bundle import load_manifest
+    from flaketriage.bundle.io import load_manifest
     from flaketriage.events import FailureEvent, StoreLocation
     from flaketriage.signing import signed_headers
     from flaketriage.store import open_store

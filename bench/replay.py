@@ -289,7 +289,7 @@ def environment_bundle(
 ) -> tuple[Path, Path, str, dict[str, str], dict[str, str]]:
     """(project, store, bundle, the direct runs' environment): a capture whose recorded freeze is
     just the pinned package, and a direct run that imports the same module from a plain directory."""
-    from flaketriage.bundle import load_manifest, write_bundle
+    from flaketriage.bundle.io import load_manifest, write_bundle
     from flaketriage.store import LocalStore
 
     root, store, wheels, site = tmp / "env-project", tmp / "env-store", tmp / "wheels", tmp / "direct-site"

@@ -67,7 +67,7 @@ def capture(project: Path, env: dict[str, str]) -> str:
 def triage_seconds(url: str, store: Path, bundle: str) -> float:
     import httpx
 
-    from flaketriage.bundle import load_manifest
+    from flaketriage.bundle.io import load_manifest
     from flaketriage.events import FailureEvent, StoreLocation
     from flaketriage.signing import signed_headers
     from flaketriage.store import LocalStore

@@ -183,7 +183,7 @@ class ReplayEnvironmentError(FlaketriageError):
 
 
 class GitError(FlaketriageError):
-    """A git command failed, timed out, or could not start (``flaketriage.git.Git`` raises it).
+    """A git command failed, timed out, or could not start (``flaketriage.process.git.Git`` raises it).
 
     ``command`` is the command line as run, ``returncode`` its exit status (None when it never
     finished) and ``stderr`` the tail of what it wrote to stderr.

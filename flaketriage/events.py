@@ -16,10 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flaketriage.bundle.manifest import Failure, Manifest, Provenance
 from flaketriage.errors import ConfigError
-from flaketriage.manifest import Failure, Manifest, Provenance
-from flaketriage.os_strings import OsStr
 from flaketriage.store import Store, local_path, open_store, store_url
+from flaketriage.text.os_strings import OsStr
 
 EVENTS_SCHEMA_VERSION = 1
 MAX_MESSAGE_CHARS = 1_000

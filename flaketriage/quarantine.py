@@ -1,7 +1,7 @@
 """The quarantine document: flaky and order-dependent failures, with their evidence, in one versioned JSON.
 
 ``{"version": 1, "entries": {fingerprint: entry}}``, the same bytes wherever it lives: the file the
-workers write (`flaketriage.workers.quarantine`), the service's ``GET /v1/quarantine`` and the CI
+workers write (`flaketriage.workers.quarantine.file`), the service's ``GET /v1/quarantine`` and the CI
 side's cache (`flaketriage.ci.quarantine_list`). Unknown fields are refused and another version is
 an error that names it, so a document from a newer flaketriage fails loudly instead of half-read.
 """
@@ -67,7 +67,7 @@ class QuarantineEntry(_Model):
     """The test's node id when the failure is a test: CI matches by it or by the fingerprint."""
     tests: tuple[str, ...] = Field(default=(), exclude_if=lambda value: not value)
     """For a bundle captured as a whole test run (``capture -- pytest tests/``), every test it failed
-    (`flaketriage.runner_results`, at most `MAX_TESTS`): CI matches any of them. Left out of
+    (`flaketriage.failure.runner_results`, at most `MAX_TESTS`): CI matches any of them. Left out of
     the document when empty, so a list without one reads as it always did."""
     reason: str
     evidence: QuarantineEvidence

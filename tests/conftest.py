@@ -21,7 +21,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
-from flaketriage.manifest import Command, Environment, Failure, Manifest
+from flaketriage.bundle.manifest import Command, Environment, Failure, Manifest
 from flaketriage.store import LocalStore, MemoryStore, Store
 
 POSTGRES_ADMIN = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")

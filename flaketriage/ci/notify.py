@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import ValidationError
 
 from flaketriage import __version__
-from flaketriage.bundle import list_bundles, load_manifest
+from flaketriage.bundle.io import list_bundles, load_manifest
+from flaketriage.bundle.manifest import Provenance
+from flaketriage.capture.provenance import detect_provenance
 from flaketriage.ci.outbox import FlushResult, Outbox, Refusal
-from flaketriage.ci.provenance import detect_provenance
 from flaketriage.errors import EventRefusedError, NotifyError, StoreError
 from flaketriage.events import FailureEvent, StoreLocation
-from flaketriage.file_modes import FileModes
-from flaketriage.manifest import Provenance
+from flaketriage.files.modes import FileModes
 from flaketriage.settings import Settings
 from flaketriage.signing import signed_headers
 from flaketriage.store import Store

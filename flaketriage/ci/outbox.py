@@ -1,7 +1,7 @@
 """The outbox: events that could not be sent, one JSON file each, waiting for the next run to flush.
 
 A file is named ``<event_id>.json`` and holds the event's canonical body, written through a temp
-file and a rename (`flaketriage.atomic`), so a crash never leaves half an event and concurrent
+file and a rename (`flaketriage.files.atomic`), so a crash never leaves half an event and concurrent
 writers (pytest-xdist workers) never collide. Two processes flushing at once may both send an
 event; the receiver dedupes by ``event_id``.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from flaketriage.atomic import write_atomic
 from flaketriage.errors import EventRefusedError, NotifyError, StoreNotWritableError
 from flaketriage.events import FailureEvent
-from flaketriage.file_modes import OWNER_ONLY, FileModes
+from flaketriage.files.atomic import write_atomic
+from flaketriage.files.modes import OWNER_ONLY, FileModes
 
 _HOLD_FILE = ".hold-until"
 

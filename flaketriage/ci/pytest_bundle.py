@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard
 
-from flaketriage.ci.capture import record_failure
-from flaketriage.ci.source import SourceLimits, SourcePlan, plan_source
-from flaketriage.fingerprint import FailureInfo, exception_identity, fingerprint_failure
-from flaketriage.manifest import DataInput, PytestContext
+from flaketriage.bundle.manifest import DataInput, PytestContext
+from flaketriage.capture.record import record_failure
+from flaketriage.capture.source import SourceLimits, SourcePlan, plan_source
+from flaketriage.failure.fingerprint import FailureInfo, exception_identity, fingerprint_failure
 from flaketriage.settings import Settings
 from flaketriage.store import open_store
 

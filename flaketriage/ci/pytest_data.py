@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flaketriage.replay_env import in_replay
+from flaketriage.process.replay_env import in_replay
 
 if TYPE_CHECKING:
-    from flaketriage.manifest import DataInput
+    from flaketriage.bundle.manifest import DataInput
     from flaketriage.store import Store
 
 MARKER = "flaketriage_data"
@@ -175,8 +175,8 @@ def store_declared(
 ) -> tuple[tuple[DataInput, ...], list[str]]:
     """Store each input as ``capture --data`` does (the same checks, streamed into the store);
     one that check refuses is left out with a warning."""
-    from flaketriage.ci.capture import check_data, store_checked
-    from flaketriage.datasets import empty_note
+    from flaketriage.bundle.datasets import empty_note
+    from flaketriage.capture.record import check_data, store_checked
     from flaketriage.errors import DatasetError
 
     stored: dict[str, DataInput] = {}

@@ -7,7 +7,7 @@ process, and the data it declared: `flaketriage.ci.pytest_data`); a failing test
 list (fetched at session start when it comes from the service) is reported as quarantined and does
 not fail the session; and the session ends with one summary line.
 
-Only pytest, the standard library, `flaketriage.replay_env` and `flaketriage.ci.pytest_data`
+Only pytest, the standard library, `flaketriage.process.replay_env` and `flaketriage.ci.pytest_data`
 (standard library only) are imported here. The capture code (pydantic, the store) is imported
 at the first failure, so a passing suite pays one list append per test.
 """
@@ -29,12 +29,12 @@ import pluggy
 import pytest
 
 from flaketriage.ci.pytest_data import INI, MARKER, MARKER_HELP, BuiltData
-from flaketriage.replay_env import in_replay
+from flaketriage.process.replay_env import in_replay
 
 if TYPE_CHECKING:
+    from flaketriage.bundle.manifest import DataInput
     from flaketriage.ci.pytest_bundle import SessionCapture
     from flaketriage.ci.quarantine_list import QuarantineList
-    from flaketriage.manifest import DataInput
     from flaketriage.settings import Settings
 
 ENABLE_ENV = "FLAKETRIAGE_PYTEST"

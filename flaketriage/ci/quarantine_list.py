@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flaketriage import __version__
-from flaketriage.atomic import write_atomic
 from flaketriage.errors import QuarantineError
-from flaketriage.file_modes import FileModes
+from flaketriage.files.atomic import write_atomic
+from flaketriage.files.modes import FileModes
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.settings import Settings
 

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
-from flaketriage import __version__, interrupts
+from flaketriage import __version__
 from flaketriage.cli import bundles, cases, doctor, garbage, notify, run, service, telemetry
 from flaketriage.cli.console import Commands, err, labelled
 from flaketriage.errors import FlaketriageError
+from flaketriage.process import interrupts
 
 app = typer.Typer(
     cls=Commands,  # flags without a <bool> in --help; a usage error on one line

@@ -10,13 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flaketriage.bundle import BundleIndex, describe_failure, load_manifest, read_index, verify_bundle
+from flaketriage.bundle.io import BundleIndex, describe_failure, load_manifest, read_index, verify_bundle
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.bundle.transfer import DEFAULT_THREADS, TransferReport, copy_bundles
 from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, out, plain, settings_for
 from flaketriage.errors import StoreError
-from flaketriage.manifest import Manifest
-from flaketriage.os_strings import shell_join, shell_word
 from flaketriage.store import Store, local_path, open_store
-from flaketriage.transfer import DEFAULT_THREADS, TransferReport, copy_bundles
+from flaketriage.text.os_strings import shell_join, shell_word
 
 app = typer.Typer(help="Inspect, verify, export and copy captured bundles.", no_args_is_help=True)
 
@@ -178,7 +178,7 @@ def export_command(
     store: StoreOption = None,
 ) -> None:
     """Write a self-contained reproduction that runs without flaketriage."""
-    from flaketriage.git import Git
+    from flaketriage.process.git import Git
     from flaketriage.workers.export import export_bundle
 
     st = _readonly_store(store)

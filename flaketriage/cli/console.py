@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from flaketriage.printable import printable
 from flaketriage.settings import Settings, load_settings
+from flaketriage.text.printable import printable
 
 # Results go to stdout (plain when piped); progress and diagnostics go to stderr.
 out = Console(highlight=False, soft_wrap=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from flaketriage.cli.console import err, out
 from flaketriage.dependencies import require
 from flaketriage.errors import FlaketriageError
-from flaketriage.git import Git
+from flaketriage.process.git import Git
 
 TRAIN_PY = '''\
 """Linear regression by gradient descent on data/train.csv."""

@@ -140,7 +140,7 @@ def _local_store(root: Path, setting: str) -> Check:
 
 def check_outbox(settings: Settings) -> Check:
     from flaketriage.ci.outbox import Outbox
-    from flaketriage.file_modes import FileModes
+    from flaketriage.files.modes import FileModes
 
     try:
         outbox = Outbox(settings.resolved_outbox_dir(), modes=FileModes.of(settings.store_shared))

@@ -11,9 +11,9 @@ import typer
 
 from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, out, plain, settings_for
 from flaketriage.errors import ConfigError
-from flaketriage.retention import retained_bundles, service_database
 from flaketriage.store import open_store
 from flaketriage.store.gc import GarbageReport, collect
+from flaketriage.store.retention import retained_bundles, service_database
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks", "": "days"}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from flaketriage.child_process import check_timeout, shell_exit_code
+from flaketriage.bundle.manifest import FailureCriteria, MetricBound
 from flaketriage.cli.console import (
     JsonOption,
     StoreOption,
@@ -23,9 +23,9 @@ from flaketriage.cli.console import (
     with_local_reports,
 )
 from flaketriage.errors import ConfigError
-from flaketriage.manifest import FailureCriteria, MetricBound
-from flaketriage.printable import printable
+from flaketriage.process.child import check_timeout, shell_exit_code
 from flaketriage.store import open_store
+from flaketriage.text.printable import printable
 
 if TYPE_CHECKING:
     from flaketriage.workers.triage import TriageResult
@@ -83,8 +83,8 @@ def capture(
     timeout: Annotated[float | None, typer.Option(help="Kill the command after this many seconds.")] = None,
 ) -> None:
     """Run COMMAND; when it fails, capture a bundle. Exits with COMMAND's exit code."""
-    from flaketriage.ci.capture import CaptureRequest, run_and_capture
-    from flaketriage.ci.source import SourceLimits
+    from flaketriage.capture.record import CaptureRequest, run_and_capture
+    from flaketriage.capture.source import SourceLimits
 
     check_timeout(timeout, "--timeout")
     settings = settings_for(store)
@@ -148,8 +148,8 @@ def triage(
     ] = None,
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
-    from flaketriage.file_modes import FileModes
-    from flaketriage.workers.quarantine import Quarantine
+    from flaketriage.files.modes import FileModes
+    from flaketriage.workers.quarantine.file import Quarantine
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.report.backend import open_issue_sink
     from flaketriage.workers.sandbox import make_sandbox

@@ -19,7 +19,7 @@ from flaketriage.cli.console import StoreOption, err, labelled, settings_for
 from flaketriage.dependencies import require
 from flaketriage.errors import ConfigError
 from flaketriage.settings import Settings
-from flaketriage.work import Queue
+from flaketriage.work.messages import Queue
 
 
 def _server_parts() -> None:
@@ -167,7 +167,7 @@ def _waiting(text: str) -> None:
 
 
 def _beside_store(settings: Settings, name: str) -> Path:
-    from flaketriage.file_modes import FileModes
+    from flaketriage.files.modes import FileModes
 
     root = settings.local_store()
     if root is None:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from flaketriage.child_process import check_timeout
 from flaketriage.cli.console import (
     JsonOption,
     StoreOption,
@@ -21,8 +20,9 @@ from flaketriage.cli.console import (
     with_local_reports,
 )
 from flaketriage.errors import ConfigError
-from flaketriage.printable import printable
+from flaketriage.process.child import check_timeout
 from flaketriage.store import open_store
+from flaketriage.text.printable import printable
 
 
 def telemetry(
@@ -57,9 +57,9 @@ def telemetry(
     profile: Annotated[bool, typer.Option(help="Run one more replay under a profiler.")] = True,
 ) -> None:
     """Replay a bundle (one that did not reproduce) longer, sampling CPU, memory and GPUs; profile it."""
-    from flaketriage.bundle import load_manifest
-    from flaketriage.file_modes import FileModes
-    from flaketriage.workers.quarantine import Quarantine
+    from flaketriage.bundle.io import load_manifest
+    from flaketriage.files.modes import FileModes
+    from flaketriage.workers.quarantine.file import Quarantine
     from flaketriage.workers.replay import ReplayContext, Replayer
     from flaketriage.workers.report.backend import open_issue_sink
     from flaketriage.workers.samplers import summary_lines

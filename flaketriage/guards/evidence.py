@@ -28,12 +28,12 @@ import torch
 
 from flaketriage.guards.activations import cuda_ready
 from flaketriage.guards.checks import Trip
-from flaketriage.replay_env import in_replay
+from flaketriage.process.replay_env import in_replay
 
 if TYPE_CHECKING:
     # Imported where a trip is recorded: the manifest's pydantic costs about half a second of every
     # guarded run's start, and of every replay of one (which never records).
-    from flaketriage.manifest import DataInput
+    from flaketriage.bundle.manifest import DataInput
     from flaketriage.store import Store
 
 log = logging.getLogger("flaketriage.guards")
@@ -105,7 +105,7 @@ class Recorder:
     checkpoints or logs, so that outputs are not stored as inputs."""
 
     def __init__(self, capture: CaptureOptions) -> None:
-        from flaketriage.ci.source import plan_source
+        from flaketriage.capture.source import plan_source
         from flaketriage.settings import load_settings
 
         self.capture = capture
@@ -128,10 +128,10 @@ class Recorder:
 
     def record(self, evidence: TripEvidence) -> str:
         """Write the bundle; returns its id."""
-        from flaketriage.ci.capture import record_failure
-        from flaketriage.ci.source import SourceLimits
+        from flaketriage.capture.record import record_failure
+        from flaketriage.capture.source import SourceLimits
         from flaketriage.errors import GuardError
-        from flaketriage.fingerprint import fingerprint_failure
+        from flaketriage.failure.fingerprint import fingerprint_failure
 
         roots = sorted({str(self.cwd), str(self.plan.root)}, key=len, reverse=True)
         info = fingerprint_failure(exit_code=1, stdout="", stderr=evidence.traceback, roots=roots)
@@ -183,8 +183,8 @@ class Recorder:
         spec = self.capture.data
         if spec is None:
             return [], None
-        from flaketriage.datasets import detect_format, write_subset
-        from flaketriage.stored_files import relative_to_cwd, store_data_input
+        from flaketriage.bundle.datasets import detect_format, write_subset
+        from flaketriage.bundle.files import relative_to_cwd, store_data_input
 
         source = Path(spec.path) if Path(spec.path).is_absolute() else self.cwd / spec.path
         rel = relative_to_cwd(source, self.cwd)
@@ -205,7 +205,7 @@ class Recorder:
 
 
 def _subset_bytes(source: Path, fmt: Any, indices: list[int]) -> bytes:
-    from flaketriage.datasets import write_subset
+    from flaketriage.bundle.datasets import write_subset
 
     with tempfile.TemporaryDirectory(prefix="flaketriage-slice-") as tmp:
         dest = Path(tmp) / source.name

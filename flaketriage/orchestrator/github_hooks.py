@@ -40,7 +40,7 @@ from flaketriage.orchestrator.intake import Sighting
 from flaketriage.orchestrator.payloads import Parsed, field_of, subject
 from flaketriage.orchestrator.run_links import run_url
 from flaketriage.orchestrator.sightings import StorePolicy, bundle_ids, resolve_bundles
-from flaketriage.titles import clip
+from flaketriage.text.titles import clip
 
 LABEL = "flaketriage"
 COMMANDERS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})

@@ -27,16 +27,16 @@ from typing import Any, Literal
 from sqlalchemy import Connection, update
 from sqlalchemy.exc import IntegrityError
 
-from flaketriage.dispatch import Dispatcher, Outgoing, WorkRequest
 from flaketriage.errors import RecordsError
-from flaketriage.normalize import normalize_message
+from flaketriage.failure.normalize import normalize_message
 from flaketriage.orchestrator.case_batch import CaseBatch, CaseRow, NewCase
 from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
 from flaketriage.records.text import storable_json, storable_text
-from flaketriage.work import Queue, Step
+from flaketriage.work.dispatch import Dispatcher, Outgoing, WorkRequest
+from flaketriage.work.messages import Queue, Step
 
 Trigger = Literal["auto", "always", "never"]
 
@@ -70,7 +70,7 @@ class Sighting:
     """Where to comment the result (``{"repository": "o/r", "issue": 12}``) when one was asked for."""
     identity: str | None = None
     """The key of its case where that is not the fingerprint (a pytest test's exception through its
-    code path: `flaketriage.manifest.Failure.identity`)."""
+    code path: `flaketriage.bundle.manifest.Failure.identity`)."""
 
     @property
     def case_identity(self) -> str:

@@ -3,7 +3,7 @@
 The failure is fingerprinted in the same space as captured bundles (`fingerprint_exception`): the
 exception type as Python prints it, the message, and the frames (Sentry lists them oldest first,
 as a traceback does), so a production error of the same exception in the same code path as a
-bundle captured in CI lands on the same case. A ``flaketriage.bundle`` tag (Sentry sends tags as
+bundle captured in CI lands on the same case. A ``flaketriage.bundle.io`` tag (Sentry sends tags as
 ``[key, value]`` pairs) starts a triage of that bundle; one that is not a bundle id is refused. Other
 resources (``metric_alert``, ``installation``, ...) are acknowledged and ignored.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flaketriage.fingerprint import fingerprint_exception
+from flaketriage.failure.fingerprint import fingerprint_exception
 from flaketriage.orchestrator.intake import Sighting, cause_key
 from flaketriage.orchestrator.payloads import Parsed, PayloadError, field_of, subject
 from flaketriage.orchestrator.sightings import StorePolicy, is_bundle_id, resolve_bundles
@@ -124,7 +124,7 @@ def _event_alert(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
             )
         )
     elif not tags.get(BUNDLE_TAG):
-        raise PayloadError("data.event has neither exception.values nor a flaketriage.bundle tag")
+        raise PayloadError("data.event has neither exception.values nor a flaketriage.bundle.io tag")
     bundle = tags.get(BUNDLE_TAG)
     if bundle:
         found, missing = resolve_bundles([_bundle_id(bundle)], policy, trigger="auto", extra=provenance)
@@ -138,7 +138,7 @@ def _bundle_id(tag: str) -> str:
     if not is_bundle_id(ident):
         raise PayloadError(
             f"data.event.tags: {BUNDLE_TAG} must name a bundle by its id, 12 to 64 hex digits (as "
-            f"flaketriage.ci.sentry sets it), not {tag[:80]!a}; fix the tag where it is set"
+            f"flaketriage.capture.sentry sets it), not {tag[:80]!a}; fix the tag where it is set"
         )
     return ident
 

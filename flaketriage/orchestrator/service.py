@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flaketriage.dispatch import CelerySender, Dispatcher, TaskSender
 from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.records import Database
 from flaketriage.settings import Settings
-from flaketriage.work import Queue
+from flaketriage.work.dispatch import CelerySender, Dispatcher, TaskSender
+from flaketriage.work.messages import Queue
 
 
 class PingingSender(TaskSender, Protocol):
@@ -101,7 +101,7 @@ def sending_app(settings: Settings) -> Any:
     """A Celery app that only sends (by task name) with the shared configuration."""
     from celery import Celery
 
-    from flaketriage.broker import celery_config
+    from flaketriage.work.broker import celery_config
 
     app = Celery("flaketriage", set_as_current=False)
     app.conf.update(

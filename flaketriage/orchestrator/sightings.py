@@ -16,13 +16,13 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import BundleNotFoundError, FlaketriageError
 from flaketriage.events import FailureEvent
-from flaketriage.manifest import Manifest
 from flaketriage.orchestrator.intake import Sighting, Trigger, cause_key
 from flaketriage.store import open_store, store_url
-from flaketriage.titles import clip
+from flaketriage.text.titles import clip
 
 BUNDLE_ID = re.compile(r"[0-9a-f]{12,64}")
 """A bundle as a webhook may name it: its id, or a prefix of 12 hex digits or more."""

@@ -24,7 +24,7 @@ from sqlalchemy.sql import Executable
 
 from flaketriage.dependencies import require
 from flaketriage.errors import ConfigError, RecordsDataError, RecordsError
-from flaketriage.file_modes import OWNER_ONLY
+from flaketriage.files.modes import OWNER_ONLY
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _ADVISORY_LOCK = 0x46_54_52_47  # "FTRG": one schema upgrade at a time on PostgreSQL

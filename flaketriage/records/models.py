@@ -101,7 +101,7 @@ class Case(Base):
         String(128), unique=True, index=True, default=_fingerprint_of_row
     )
     """What the case is found by, whatever the source: the failure's exception through its code
-    path for a pytest test (`flaketriage.manifest.Failure.identity`), else its fingerprint. Cases
+    path for a pytest test (`flaketriage.bundle.manifest.Failure.identity`), else its fingerprint. Cases
     recorded before it have their fingerprint (migration 0004) until a sighting of theirs that has
     an identity is recorded: then they adopt it (`flaketriage.orchestrator.case_batch`)."""
     cause_key: Mapped[str | None] = mapped_column(String(64), index=True)

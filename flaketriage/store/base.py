@@ -22,9 +22,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO, Self, cast
 
-from flaketriage.atomic import write_atomic
+from flaketriage.bundle.manifest import BlobRef
 from flaketriage.errors import CorruptObjectError, ObjectTooLargeError, StoreError
-from flaketriage.manifest import BlobRef
+from flaketriage.files.atomic import write_atomic
 from flaketriage.store.compression import SAMPLE, compressor, packed_sample
 from flaketriage.store.state import NO_STATE, FileStamp, FileState, KnownFile
 

@@ -14,9 +14,9 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from flaketriage.bundle import REF_PREFIX, bundle_objects, read_manifest, read_summary
+from flaketriage.bundle.io import REF_PREFIX, bundle_objects, read_manifest, read_summary
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
-from flaketriage.manifest import Manifest
 from flaketriage.store.base import MAX_MANIFEST_BYTES, Store
 
 

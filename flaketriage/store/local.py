@@ -1,6 +1,6 @@
 """`LocalStore`: a store in a directory, objects at ``objects/ab/cdef...``, refs under ``refs/``.
 
-Every write goes through `flaketriage.atomic`: a unique temp file renamed into place, so concurrent
+Every write goes through `flaketriage.files.atomic`: a unique temp file renamed into place, so concurrent
 writers of the same object race harmlessly and a crash never leaves a half-written object under its
 final name. An object is written once; a later writer of the same key keeps the one there.
 
@@ -34,7 +34,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from flaketriage.atomic import (
+from flaketriage.bundle.manifest import BlobRef
+from flaketriage.errors import (
+    ConfigError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreNotWritableError,
+)
+from flaketriage.files.atomic import (
     STALE_AFTER_S,
     StagedFile,
     remove_stale,
@@ -42,14 +49,7 @@ from flaketriage.atomic import (
     write_atomic,
     write_unsynced,
 )
-from flaketriage.errors import (
-    ConfigError,
-    ObjectNotFoundError,
-    StoreError,
-    StoreNotWritableError,
-)
-from flaketriage.file_modes import FileModes
-from flaketriage.manifest import BlobRef
+from flaketriage.files.modes import FileModes
 from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key
 from flaketriage.store.compression import LEVEL, pays
 from flaketriage.store.registry import local_path

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, BinaryIO, TypeAlias, cast
 
+from flaketriage.bundle.manifest import BlobRef
 from flaketriage.dependencies import require
 from flaketriage.errors import (
     ConfigError,
@@ -33,7 +34,6 @@ from flaketriage.errors import (
     StorePermissionError,
     StoreUnreachableError,
 )
-from flaketriage.manifest import BlobRef
 from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key
 from flaketriage.store.compression import LEVEL, pays
 from flaketriage.store.state import KnownFile

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flaketriage.manifest import BlobRef
+from flaketriage.bundle.manifest import BlobRef
 
 RACY_MARGIN_NS = 2_000_000_000
 """How much older than the read a file's mtime and ctime must be for its entry to be trusted."""
@@ -89,7 +89,7 @@ class KnownFile:
     ref: BlobRef
     binary: bool
     clean_under: str | None = None
-    """For a text file: the masking (`flaketriage.redaction.Redactor.fingerprint`) under which it
+    """For a text file: the masking (`flaketriage.bundle.redaction.Redactor.fingerprint`) under which it
     held no secret, so it was stored as it is; None when that is not known."""
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from flaketriage.manifest import Hardware
+from flaketriage.bundle.manifest import Hardware
 from flaketriage.workers.gpus import RunnerGPUs, runner_gpus
 from flaketriage.workers.verdict import Outcome
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from celery import Celery
 
-from flaketriage.broker import broker_was_emptied, celery_config
-from flaketriage.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.records import Database
 from flaketriage.settings import Settings
-from flaketriage.work import (
+from flaketriage.work.broker import broker_was_emptied, celery_config
+from flaketriage.work.dispatch import CelerySender, Dispatcher, Outgoing
+from flaketriage.work.messages import (
     BROKER_CHECK_TASK,
     GC_TASK,
     SCHEDULE_RERUNS_TASK,

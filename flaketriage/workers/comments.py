@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-from flaketriage.atomic import write_atomic
 from flaketriage.errors import ReportError
-from flaketriage.file_lock import locked
-from flaketriage.file_modes import OWNER_ONLY, FileModes
+from flaketriage.files.atomic import write_atomic
+from flaketriage.files.lock import locked
+from flaketriage.files.modes import OWNER_ONLY, FileModes
 from flaketriage.settings import Settings
 from flaketriage.workers.report.base import ReportRef
 

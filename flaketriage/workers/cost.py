@@ -1,7 +1,7 @@
 """What a triage cost: CPU, GPU and wall seconds of its replays, by phase, and the budget that caps it.
 
 Each replay's CPU seconds are the user plus system time of its whole process tree, read with
-``wait4`` when the sandbox's child ends (`flaketriage.child_process`); a container's are not
+``wait4`` when the sandbox's child ends (`flaketriage.process.child`); a container's are not
 measured (counted in ``unmeasured``, as 0). Its GPU seconds are its wall time times the GPUs it was
 given: a bundle captured on GPUs gets the runner's GPUs, any other bundle none, so on a machine with
 no GPU they are 0. The wall seconds are the replays' own, without materializing or building
@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flaketriage.child_process import ProcessResult
 from flaketriage.errors import BudgetSpentError
+from flaketriage.process.child import ProcessResult
 
 PHASES = ("verdict", "order", "minimize")
 """The verdict's isolated replays, the polluter (or state-setter) search, and minimization."""

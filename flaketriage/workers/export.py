@@ -16,15 +16,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from flaketriage.bundle import describe_failure
+from flaketriage.bundle.io import describe_failure
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import BundleError, GitError, SandboxError
-from flaketriage.git import Git
-from flaketriage.manifest import Manifest
-from flaketriage.os_strings import has_undecodable, shell_join, shell_word
-from flaketriage.printable import printable
-from flaketriage.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
+from flaketriage.process.git import Git
+from flaketriage.process.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
 from flaketriage.store import Store
-from flaketriage.workers.environments import WORKER_PACKAGES, local_project_names
+from flaketriage.text.os_strings import has_undecodable, shell_join, shell_word
+from flaketriage.text.printable import printable
+from flaketriage.workers.environment.key import WORKER_PACKAGES, local_project_names
 from flaketriage.workers.report.render import environment_rows, markdown_table
 
 SITECUSTOMIZE = Path(__file__).parent / "sitecustomize" / "sitecustomize.py"

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from flaketriage.manifest import GPU, Hardware
-from flaketriage.nvidia import import_nvml, read_gpus
+from flaketriage.bundle.manifest import GPU, Hardware
+from flaketriage.process.nvidia import import_nvml, read_gpus
 
 
 def gpu_names() -> list[str]:
@@ -50,7 +50,8 @@ class RunnerGPUs:
 
 
 def runner_gpus() -> RunnerGPUs:
-    """This runner's GPUs, read as capture reads them (`flaketriage.nvidia`: NVML, else nvidia-smi)."""
+    """This runner's GPUs, read as capture reads them (`flaketriage.process.nvidia`: NVML, else
+    nvidia-smi)."""
     gpus, driver, cuda = read_gpus(import_nvml())
     return RunnerGPUs(tuple(gpus), driver, cuda)
 

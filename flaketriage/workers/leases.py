@@ -13,9 +13,9 @@ from types import TracebackType
 
 from sqlalchemy import or_, update
 
-from flaketriage.dispatch import LEASE_S
 from flaketriage.records import Database, Work, WorkStatus
 from flaketriage.records.models import utc_now
+from flaketriage.work.dispatch import LEASE_S
 
 WAITING = "waiting"
 """A triage whose replays are out: the last replay to finish sends it on."""

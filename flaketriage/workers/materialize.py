@@ -10,12 +10,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from flaketriage.bundle.files import restore_data_input, restore_files, safe_join
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.bundle.safety import check_manifest
 from flaketriage.errors import BundleError, GitError, SandboxError
-from flaketriage.git import Git
-from flaketriage.manifest import Manifest
-from flaketriage.manifest_safety import check_manifest
+from flaketriage.process.git import Git
 from flaketriage.store import Store
-from flaketriage.stored_files import restore_data_input, restore_files, safe_join
 
 
 @dataclass(frozen=True)

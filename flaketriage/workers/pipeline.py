@@ -29,24 +29,24 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from flaketriage.bundle import load_manifest
-from flaketriage.dispatch import Dispatcher, Outgoing
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
-from flaketriage.manifest import Manifest
 from flaketriage.records import Case, CaseStatus, Database, QuarantineRow, ReplayRow, Work, WorkStatus
 from flaketriage.records.models import utc_now
 from flaketriage.settings import Settings
 from flaketriage.store import Store, open_store
-from flaketriage.work import Queue, Step, WorkOrder, task_name
+from flaketriage.work.dispatch import Dispatcher, Outgoing
+from flaketriage.work.messages import Queue, Step, WorkOrder, task_name
 from flaketriage.workers.attribution import RunnerIdentity
-from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.comments import Commenter
 from flaketriage.workers.cost import CostMeter, PhaseCost, TriageCost
 from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
+from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.progress import TriageProgress, replay_summary
-from flaketriage.workers.records_quarantine import RecordsQuarantine
+from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.report import IssueSink
 from flaketriage.workers.report.render import evidence_line, render_comment

@@ -29,13 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from flaketriage.child_process import ProcessResult
-from flaketriage.fingerprint import pytest_failure_info
-from flaketriage.manifest import Manifest
-from flaketriage.normalize import strip_ansi
-from flaketriage.tracebacks import parse_pytest_failures
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.failure.fingerprint import pytest_failure_info
+from flaketriage.failure.normalize import strip_ansi
+from flaketriage.failure.tracebacks import parse_pytest_failures
+from flaketriage.process.child import ProcessResult
+from flaketriage.workers.minimize.reducer import SubsetReducer
 from flaketriage.workers.replay import Replayer, Variant
-from flaketriage.workers.subset_reducer import SubsetReducer
 
 T = TypeVar("T")
 

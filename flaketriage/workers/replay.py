@@ -20,27 +20,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flaketriage.child_process import Limit, ProcessResult
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.bundle.redaction import MASK
 from flaketriage.errors import ReplayEnvironmentError
-from flaketriage.fingerprint import FailureInfo, fingerprint_failure
-from flaketriage.git import Git
-from flaketriage.hangs import HANG_DUMP_ENV
-from flaketriage.manifest import Manifest
-from flaketriage.redaction import MASK
-from flaketriage.replay_env import REPLAY_SETTINGS
+from flaketriage.failure.fingerprint import FailureInfo, fingerprint_failure
+from flaketriage.process.child import Limit, ProcessResult
+from flaketriage.process.git import Git
+from flaketriage.process.hangs import HANG_DUMP_ENV
+from flaketriage.process.replay_env import REPLAY_SETTINGS
 from flaketriage.settings import DEFAULT_REPLAY_TIMEOUT_S, Settings
 from flaketriage.store import Store
 from flaketriage.workers.cost import CostMeter, RunCost
-from flaketriage.workers.environments import choose_mode
+from flaketriage.workers.environment.interpreter import interpreter_paths
+from flaketriage.workers.environment.key import choose_mode
 from flaketriage.workers.gpus import RunnerGPUs, gpu_difference, runner_gpus
-from flaketriage.workers.interpreter import interpreter_paths
 from flaketriage.workers.materialize import Workspace, materialize
 from flaketriage.workers.sandbox import HostView, Sandbox, SandboxSpec
 from flaketriage.workers.verdict import Outcome
 
 if TYPE_CHECKING:  # imported where used: a replay in the worker's own interpreter needs none of it
-    from flaketriage.workers.bundle_environment import BundleEnvironment
-    from flaketriage.workers.environment_cache import EnvironmentCache
+    from flaketriage.workers.environment.cache import EnvironmentCache
+    from flaketriage.workers.environment.replay import BundleEnvironment
 
 SITECUSTOMIZE_DIR = Path(__file__).parent / "sitecustomize"
 _PATHLIKE_VARS = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -93,7 +93,7 @@ class ReplayContext:
     git: Git
     """How to run git when materializing a git source."""
     environment_mode: str = "worker"
-    """``FLAKETRIAGE_ENVIRONMENT`` (`flaketriage.workers.environments.choose_mode`): ``worker`` runs
+    """``FLAKETRIAGE_ENVIRONMENT`` (`flaketriage.workers.environment.key.choose_mode`): ``worker`` runs
     replays in the interpreter the command names on this machine, ``bundle`` in the bundle's
     recorded environment, ``auto`` in the bundle's when its freeze differs from the worker's."""
     environment_cache: EnvironmentCache | None = None
@@ -120,8 +120,8 @@ class ReplayContext:
     def from_settings(cls, settings: Settings) -> ReplayContext:
         """`from_process`, with the environment mode and cache the settings name
         (``FLAKETRIAGE_ENVIRONMENT``, ``FLAKETRIAGE_ENVIRONMENT_CACHE_*``)."""
-        from flaketriage.workers.environment_build import EnvironmentBuilder
-        from flaketriage.workers.environment_cache import EnvironmentCache
+        from flaketriage.workers.environment.build import EnvironmentBuilder
+        from flaketriage.workers.environment.cache import EnvironmentCache
 
         env = dict(os.environ)
         cache = EnvironmentCache(
@@ -228,8 +228,8 @@ class Replayer:
         self._environment_mode = mode
         if mode != "bundle" or self.sandbox.builds_environments:
             return
-        from flaketriage.workers.bundle_environment import BundleEnvironment
-        from flaketriage.workers.environments import EnvironmentKey
+        from flaketriage.workers.environment.key import EnvironmentKey
+        from flaketriage.workers.environment.replay import BundleEnvironment
 
         try:
             key = EnvironmentKey.of(self.manifest)
@@ -281,7 +281,7 @@ class Replayer:
         for name, value in REPLAY_SETTINGS.items():
             env.setdefault(name, value)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH")) if p)
-        env[HANG_DUMP_ENV] = "1"  # the sitecustomize dumps stacks on SIGUSR1 (flaketriage.hangs)
+        env[HANG_DUMP_ENV] = "1"  # the sitecustomize dumps stacks on SIGUSR1 (flaketriage.process.hangs)
         env["PWD"] = str(ws.cwd)
         if self.bundle_environment is not None:
             self.bundle_environment.apply(env, ws)
@@ -415,7 +415,7 @@ class Replayer:
         return ReplayResult(outcome=Outcome.ENVIRONMENT, failure=None, process=process, reason=reason)
 
     def _apply_subsets(self, ws: Workspace, subsets: Mapping[str, Sequence[int]]) -> None:
-        from flaketriage.datasets import write_subset
+        from flaketriage.bundle.datasets import write_subset
 
         for data in self.manifest.data:
             if data.path not in subsets:
@@ -472,7 +472,7 @@ def outcome_of(
     a limit (its time, memory, processes, a network it was denied) is a `sandbox` outcome, never a
     reproduction and never a new failure of the program's own. The exception: when the captured
     failure was itself a hang (`captured_hang`), a replay that hangs in another place (its stuck
-    frames differ, `flaketriage.hangs`) is a different failure, another hang.
+    frames differ, `flaketriage.process.hangs`) is a different failure, another hang.
     """
     if info is None:
         return Outcome.PASSED

@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from flaketriage.manifest import Manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.records import RunnerRow
 from flaketriage.records.models import utc_now
 from flaketriage.workers.attribution import Attribution, RunnerIdentity, attribute, tally

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from flaketriage.nvidia import import_nvml
+from flaketriage.process.nvidia import import_nvml
 
 _T = TypeVar("_T")
 Sample = dict[str, Any]

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
-from flaketriage.manifest import Manifest
 from flaketriage.store import Store
 from flaketriage.workers.replay import Replayer, Variant
 from flaketriage.workers.samplers import HostProbe, NvmlProbe, Sampler, summarize

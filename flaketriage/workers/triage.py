@@ -25,18 +25,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import BudgetSpentError, MinimizeError
-from flaketriage.fingerprint import FailureInfo
-from flaketriage.manifest import Manifest
-from flaketriage.os_strings import shell_join
+from flaketriage.failure.fingerprint import FailureInfo
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEOUT_S
 from flaketriage.store import Store
+from flaketriage.text.os_strings import shell_join
 from flaketriage.workers.attribution import Attribution
-from flaketriage.workers.bundle_minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.cost import CostMeter, TriageCost
+from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
-from flaketriage.workers.quarantine import QuarantineWriter, evidence_of, failed_tests_of, quarantined_reason
+from flaketriage.workers.quarantine.file import (
+    QuarantineWriter,
+    evidence_of,
+    failed_tests_of,
+    quarantined_reason,
+)
 from flaketriage.workers.replay import ReplayContext, Replayer, ReplayResult, Variant
 from flaketriage.workers.report import IssueDraft, IssueSink, ReportRef
 from flaketriage.workers.report.render import order_command, render_issue
@@ -91,7 +96,7 @@ class TriageResult:
     polluter_search: PolluterSearch | None = None
     hang: str | None = None
     """When replays hung: the stacks dumped from the last one that reproduced the hang (or, when
-    none did, the last that hung), the evidence of where (`flaketriage.hangs`)."""
+    none did, the last that hung), the evidence of where (`flaketriage.process.hangs`)."""
     attribution: Attribution | None = None
     """The replays by runner, when they ran on more than one (the service): what an
     ``environment_specific`` verdict rests on."""

@@ -14,15 +14,15 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from flaketriage.bundle import load_manifest
-from flaketriage.dispatch import Outgoing
+from flaketriage.bundle.io import load_manifest
 from flaketriage.errors import FlaketriageError
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow, Work
-from flaketriage.retention import retained_bundles
 from flaketriage.store import open_store
 from flaketriage.store.gc import collect
-from flaketriage.work import Queue, Step
+from flaketriage.store.retention import retained_bundles
+from flaketriage.work.dispatch import Outgoing
+from flaketriage.work.messages import Queue, Step
 from flaketriage.workers.pipeline import WorkerEnv, replay_queue
 from flaketriage.workers.verdict import Verdict
 
@@ -118,7 +118,7 @@ class Upkeep:
 
     def collect_garbage(self) -> dict[str, int]:
         """Collect the default store: bundles an open case, a quarantine row or the quarantine file
-        references are kept whatever their age (`flaketriage.retention`, as ``flaketriage gc``)."""
+        references are kept whatever their age (`flaketriage.store.retention`, as ``flaketriage gc``)."""
         settings = self.env.settings
         report = collect(
             open_store(settings.store),

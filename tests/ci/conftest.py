@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.ci import notify
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
 from flaketriage.ci.outbox import Outbox
-from flaketriage.ci.source import SourceLimits
 from flaketriage.errors import SignatureError
 from flaketriage.events import FailureEvent
 from flaketriage.settings import Settings

@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from flaketriage.dispatch import MemorySender
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.service import Service
 from flaketriage.records import Database, Delivery
 from flaketriage.settings import load_settings
+from flaketriage.work.dispatch import MemorySender
 
 SERVICE_SECRET = "live-service-secret"
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from flaketriage.bundle import list_bundles, verify_bundle
+from flaketriage.bundle.io import list_bundles, verify_bundle
 from flaketriage.store import LocalStore, open_store
 from tests.conftest import S3Server
 

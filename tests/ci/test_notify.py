@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Provenance
 from flaketriage.ci import notify
 from flaketriage.ci.notify import (
     EVENT_REF,
@@ -34,8 +35,7 @@ from flaketriage.ci.notify import (
 from flaketriage.ci.outbox import Outbox
 from flaketriage.errors import EventRefusedError, NotifyError
 from flaketriage.events import FailureEvent, StoreLocation
-from flaketriage.file_modes import FileModes
-from flaketriage.manifest import Provenance
+from flaketriage.files.modes import FileModes
 
 if TYPE_CHECKING:
     from conftest import Project, Receiver  # tests/ci/conftest.py

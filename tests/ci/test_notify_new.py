@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
 from flaketriage.ci import notify
 from flaketriage.ci.notify import EVENT_REF, event_for_bundle, unsent_bundles
 from flaketriage.events import StoreLocation

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.ci.pytest_bundle import FailedTest, SessionFacts, case_identity
-from flaketriage.fingerprint import exception_identity, fingerprint_exception
-from flaketriage.manifest import Manifest
+from flaketriage.failure.fingerprint import exception_identity, fingerprint_exception
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.sandbox import ProcessSandbox

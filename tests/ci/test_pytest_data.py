@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest, write_bundle
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
+from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.ci.pytest_data import DATA_DIR, BuiltData, data_key, declared_data
-from flaketriage.ci.source import SourceLimits
-from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.sandbox import ProcessSandbox

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.ci.pytest_plugin import Captured, seed_pinned, summary
-from flaketriage.manifest import Manifest
 from flaketriage.store import LocalStore
 from flaketriage.workers.polluters import OrderTarget, fails_in
-from flaketriage.workers.quarantine import Quarantine
+from flaketriage.workers.quarantine.file import Quarantine
 from flaketriage.workers.replay import ReplayContext, Replayer, Variant
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import triage

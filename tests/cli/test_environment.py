@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from flaketriage.bundle import load_manifest, write_bundle
-from flaketriage.manifest import GPU, Hardware
+from flaketriage.bundle.io import load_manifest, write_bundle
+from flaketriage.bundle.manifest import GPU, Hardware
 from flaketriage.store import LocalStore
 
 

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from flaketriage.bundle import REF_PREFIX, read_manifest, write_bundle
+from flaketriage.bundle.io import REF_PREFIX, read_manifest, write_bundle
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEntry, QuarantineEvidence
 from flaketriage.store import LocalStore, Store, open_store
 from tests.conftest import S3Server, free_port

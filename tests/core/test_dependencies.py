@@ -73,7 +73,7 @@ def test_lightning_without_either_package_names_the_extra() -> None:
 
 
 def test_npy_data_without_numpy_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flaketriage.datasets import count_items
+    from flaketriage.bundle.datasets import count_items
 
     (tmp_path / "x.npy").write_bytes(b"\x93NUMPY")
     monkeypatch.setitem(sys.modules, "numpy", None)

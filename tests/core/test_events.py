@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from flaketriage.bundle.manifest import Failure, Manifest, Provenance
 from flaketriage.events import MAX_MESSAGE_CHARS, FailureEvent, StoreLocation
-from flaketriage.manifest import Failure, Manifest, Provenance
 
 
 def _event(make_manifest: Callable[..., Manifest], **overrides: object) -> FailureEvent:

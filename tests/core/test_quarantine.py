@@ -15,7 +15,7 @@ from flaketriage.ci.quarantine_list import load_quarantine
 from flaketriage.errors import QuarantineError
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEntry, QuarantineEvidence
 from flaketriage.settings import Settings
-from flaketriage.workers.quarantine import Quarantine
+from flaketriage.workers.quarantine.file import Quarantine
 
 FP = "ab" * 32
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
 from flaketriage.store import LocalStore
-from flaketriage.workers.environment_build import EnvironmentBuilder
-from flaketriage.workers.environment_cache import EnvironmentCache
-from flaketriage.workers.environments import EnvironmentKey
+from flaketriage.workers.environment.build import EnvironmentBuilder
+from flaketriage.workers.environment.cache import EnvironmentCache
+from flaketriage.workers.environment.key import EnvironmentKey
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import triage

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest
+from flaketriage.bundle.io import list_bundles, load_manifest
 from flaketriage.store import LocalStore
 
 pytestmark = pytest.mark.slow

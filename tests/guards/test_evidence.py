@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.failure.tracebacks import parse_python_traceback
 from flaketriage.guards import CaptureOptions, DatasetFile, NumericFault
 from flaketriage.store import LocalStore
-from flaketriage.tracebacks import parse_python_traceback
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/ci/guards/conftest.py
@@ -209,8 +209,8 @@ def _bundle_of(stderr: str) -> str:
 
 def test_importing_flaketriage_does_not_import_torch() -> None:
     code = (
-        "import sys, flaketriage, flaketriage.ci, flaketriage.ci.capture, flaketriage.errors, "
-        "flaketriage.fingerprint; assert 'torch' not in sys.modules, 'torch was imported'"
+        "import sys, flaketriage, flaketriage.ci, flaketriage.capture.record, flaketriage.errors, "
+        "flaketriage.failure.fingerprint; assert 'torch' not in sys.modules, 'torch was imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

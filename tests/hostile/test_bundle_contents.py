@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest, write_bundle
-from flaketriage.manifest import FileEntry, Manifest
+from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
+from flaketriage.bundle.manifest import FileEntry, Manifest
 from flaketriage.store import Store, open_store
 from tests.hostile.conftest import Sandbox, assert_no_traceback, assert_one_line_error
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flaketriage.bundle import list_bundles, load_manifest
-from flaketriage.manifest import Manifest
+from flaketriage.bundle.io import list_bundles, load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.store import open_store
 from tests.hostile.conftest import Sandbox, assert_no_traceback, assert_one_line_error
 

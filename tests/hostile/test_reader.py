@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 import zstandard
 
-from flaketriage.bundle import REF_PREFIX, BundleSummary, write_bundle
-from flaketriage.errors import BundleError, ObjectTooLargeError
-from flaketriage.git import Git
-from flaketriage.manifest import (
+from flaketriage.bundle.files import restore_files
+from flaketriage.bundle.io import REF_PREFIX, BundleSummary, write_bundle
+from flaketriage.bundle.manifest import (
     GPU,
     Command,
     Environment,
@@ -35,10 +34,11 @@ from flaketriage.manifest import (
     Seeds,
     Source,
 )
-from flaketriage.manifest_safety import path_problem
+from flaketriage.bundle.safety import path_problem
+from flaketriage.errors import BundleError, ObjectTooLargeError
+from flaketriage.process.git import Git
 from flaketriage.store import LocalStore, MemoryStore, Store
 from flaketriage.store.base import ZSTD
-from flaketriage.stored_files import restore_files
 from flaketriage.workers.materialize import materialize
 from tests.hostile.conftest import Sandbox, assert_no_traceback, assert_one_line_error
 

@@ -25,16 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, text
 
-from flaketriage.bundle import load_manifest
-from flaketriage.dispatch import MemorySender
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.events import FailureEvent, StoreLocation
-from flaketriage.manifest import Manifest
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.service import Service
 from flaketriage.records import Base, Case, Database, Delivery, Occurrence, Work
 from flaketriage.settings import load_settings
 from flaketriage.signing import signed_headers
 from flaketriage.store import open_store
+from flaketriage.work.dispatch import MemorySender
 from tests.conftest import new_postgres_database
 
 EVENTS_SECRET = b"events-secret"

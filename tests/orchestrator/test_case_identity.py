@@ -26,16 +26,16 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import select, text
 
-from flaketriage.bundle import list_bundles, load_manifest
-from flaketriage.dispatch import MemorySender
+from flaketriage.bundle.io import list_bundles, load_manifest
+from flaketriage.bundle.manifest import Manifest
 from flaketriage.events import FailureEvent, StoreLocation
-from flaketriage.fingerprint import fingerprint_exception
-from flaketriage.manifest import Manifest
+from flaketriage.failure.fingerprint import fingerprint_exception
 from flaketriage.orchestrator.service import Service
 from flaketriage.records import Base, Case, Database
 from flaketriage.records.database import MIGRATIONS
 from flaketriage.settings import load_settings
 from flaketriage.store import open_store
+from flaketriage.work.dispatch import MemorySender
 from tests.conftest import new_postgres_database
 from tests.orchestrator.conftest import EVENTS_SECRET, SENTRY_SECRET, MakeReceiver, Receiver
 

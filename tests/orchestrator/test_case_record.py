@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from flaketriage.manifest import Provenance
+from flaketriage.bundle.manifest import Provenance
 from flaketriage.orchestrator.run_links import run_url
 
 if TYPE_CHECKING:

@@ -17,11 +17,11 @@ import pytest
 from httpx2 import Response
 from sqlalchemy.exc import OperationalError
 
-from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.records import Database
 from flaketriage.signing import signed_headers
 from flaketriage.store import store_url
-from flaketriage.work import WorkOrder
+from flaketriage.work.dispatch import Dispatcher, MemorySender
+from flaketriage.work.messages import WorkOrder
 
 if TYPE_CHECKING:
     from conftest import BeforeStatement, Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py

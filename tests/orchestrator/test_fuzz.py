@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from flaketriage.dispatch import MemorySender
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.service import Service
 from flaketriage.records import Database
 from flaketriage.settings import load_settings
 from flaketriage.signing import signed_headers
+from flaketriage.work.dispatch import MemorySender
 
 if TYPE_CHECKING:
     from conftest import Captured, Receiver  # tests/orchestrator/conftest.py

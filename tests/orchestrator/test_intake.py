@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from httpx2 import Response
 
+from flaketriage.bundle.manifest import Provenance
 from flaketriage.events import FailureEvent, FailureSummary
-from flaketriage.manifest import Provenance
 from flaketriage.signing import signed_headers
 
 if TYPE_CHECKING:

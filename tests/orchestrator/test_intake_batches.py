@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.orchestrator.intake import Intake, IntakeResult, Item, Sighting, Trigger
 from flaketriage.records import Base, Database
+from flaketriage.work.dispatch import Dispatcher, MemorySender
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FAILURES = 8

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from flaketriage.dispatch import Dispatcher, MemorySender
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.orchestrator.intake import Intake, IntakeOutcome, IntakeResult, Sighting
 from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.records import Case, Database, Delivery, Occurrence, Work
+from flaketriage.work.dispatch import Dispatcher, MemorySender
 from tests.orchestrator.recorders import count_rows, numbered_sighting, record_each_twice_at_once
 
 

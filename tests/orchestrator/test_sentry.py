@@ -1,5 +1,5 @@
 """POST /webhooks/sentry with Sentry's integration payloads (``payloads/sentry_*.json``): an issue
-alert for the exception a bundle captured lands on the bundle's case, a ``flaketriage.bundle`` tag
+alert for the exception a bundle captured lands on the bundle's case, a ``flaketriage.bundle.io`` tag
 starts a triage, other resources are acknowledged and ignored."""
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def test_a_bundle_tag_triages_that_bundle(receiver: Receiver, captured: Captured
 def test_a_tag_naming_the_alerts_own_failure_is_one_occurrence_and_one_triage(
     receiver: Receiver, captured: Captured, load_payload: Load
 ) -> None:
-    """flaketriage.ci.sentry tags the event of the very failure it captured: one case, seen once."""
+    """flaketriage.capture.sentry tags the event of the very failure it captured: one case, seen once."""
     data = _tagged(_alert(load_payload, captured.project), captured.value_error)
 
     response = receiver.sentry("event_alert", data)

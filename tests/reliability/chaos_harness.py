@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from flaketriage.work import SWEEP_TASK
+from flaketriage.work.messages import SWEEP_TASK
 from tests.conftest import wait_for
 from tests.e2e.service.conftest import WEBHOOK_SECRET, Stack
 from tests.reliability.chaos_stack import PrivatePostgres, chaos_stack
@@ -133,7 +133,7 @@ class CapturedFailure:
 def capture_failures(stack: Stack, count: int) -> list[CapturedFailure]:
     """`count` failures captured by ``flaketriage capture`` into the stack's store; even ones
     deterministic, odd ones failing only while their marker file exists (removed after capture)."""
-    from flaketriage.bundle import load_manifest
+    from flaketriage.bundle.io import load_manifest
     from flaketriage.events import FailureEvent, StoreLocation
     from flaketriage.store import open_store
 
@@ -410,7 +410,7 @@ def _read_end(
 
 def _whole(store: Any, bundle: str) -> bool:
     """Whether `bundle` is in `store` with every object it names, each re-hashed."""
-    from flaketriage.bundle import verify_bundle
+    from flaketriage.bundle.io import verify_bundle
     from flaketriage.errors import FlaketriageError
 
     try:

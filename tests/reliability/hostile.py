@@ -359,11 +359,11 @@ def openapi_schema() -> Any:
     """Schemathesis's reading of the document the app serves (from an app never connected)."""
     import schemathesis
 
-    from flaketriage.dispatch import MemorySender
     from flaketriage.orchestrator.app import create_app
     from flaketriage.orchestrator.service import Service
     from flaketriage.records import Database
     from flaketriage.settings import load_settings
+    from flaketriage.work.dispatch import MemorySender
 
     settings = load_settings(store="/nonexistent/.flaketriage", webhook_secret="unused")
     app = create_app(Service.assemble(settings, Database("sqlite://"), MemorySender()))

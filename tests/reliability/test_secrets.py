@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from flaketriage.bundle import load_manifest
-from flaketriage.dispatch import MemorySender
+from flaketriage.bundle.io import load_manifest
 from flaketriage.events import FailureEvent, StoreLocation
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.service import Service
@@ -25,6 +24,7 @@ from flaketriage.records import Database
 from flaketriage.settings import load_settings
 from flaketriage.signing import signed_headers
 from flaketriage.store import open_store
+from flaketriage.work.dispatch import MemorySender
 from tests.reliability.corpus import FORMATS, Secret, secrets
 from tests.reliability.planted import PlantedRun, plant_and_capture, stored_texts
 

@@ -17,14 +17,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.orchestrator.intake import Intake, Sighting
 from flaketriage.records import Case, Database, ReplayRow, RunnerRow, Work
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
-from flaketriage.work import Step
+from flaketriage.work.dispatch import Dispatcher, MemorySender
+from flaketriage.work.messages import Step
 from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.pipeline import Pipeline, WorkerEnv
 from flaketriage.workers.replay import ReplayContext

@@ -18,15 +18,15 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 from sqlalchemy import select
 
-from flaketriage.bundle import load_manifest
-from flaketriage.dispatch import MemorySender
-from flaketriage.manifest import GPU, Hardware
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import GPU, Hardware
 from flaketriage.orchestrator.app import create_app
 from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.service import Service
 from flaketriage.records import Database, RunnerRow
 from flaketriage.records.models import Base
 from flaketriage.settings import load_settings
+from flaketriage.work.dispatch import MemorySender
 from flaketriage.workers.attribution import (
     GPUIdentity,
     RunnerIdentity,
@@ -306,8 +306,8 @@ def test_the_manifest_records_the_original_runner(world: World) -> None:
 
 def test_local_triage_has_no_attribution(tmp_path: Path) -> None:
     """`flaketriage triage` replays on one machine: nothing to compare, so never environment-specific."""
-    from flaketriage.ci.capture import CaptureRequest, run_and_capture
-    from flaketriage.ci.source import SourceLimits
+    from flaketriage.capture.record import CaptureRequest, run_and_capture
+    from flaketriage.capture.source import SourceLimits
     from flaketriage.store import LocalStore
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.sandbox import ProcessSandbox

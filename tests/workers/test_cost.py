@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.child_process import ProcessResult, run_command
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.errors import BudgetSpentError
+from flaketriage.process.child import ProcessResult, run_command
 from flaketriage.store import LocalStore
 from flaketriage.workers.cost import CostMeter, PhaseCost, RunCost, TriageCost
 from flaketriage.workers.replay import ReplayContext

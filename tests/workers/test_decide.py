@@ -7,11 +7,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from flaketriage.bundle import load_manifest
-from flaketriage.child_process import ProcessResult
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.manifest import Manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
+from flaketriage.process.child import ProcessResult
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import MemorySandbox, SandboxSpec

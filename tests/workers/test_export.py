@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from flaketriage.bundle.files import store_dir
+from flaketriage.bundle.manifest import Command, Environment, Failure, Manifest, Seeds, Source
 from flaketriage.errors import BundleError, FlaketriageError
-from flaketriage.git import Git
-from flaketriage.manifest import Command, Environment, Failure, Manifest, Seeds, Source
+from flaketriage.process.git import Git
 from flaketriage.store import LocalStore
-from flaketriage.stored_files import store_dir
 from flaketriage.workers.export import export_bundle, python_image_tag, requirements, run_script
 
 BUNDLE = "f" * 64

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.file_modes import OWNER_ONLY, FileModes
+from flaketriage.files.modes import OWNER_ONLY, FileModes
 from flaketriage.quarantine import FailureRate, QuarantineEvidence
 from flaketriage.records import Database
 from flaketriage.records.database import create_sqlite_file
 from flaketriage.settings import Settings
 from flaketriage.workers.comments import MarkdownCommenter, open_commenter
-from flaketriage.workers.quarantine import Quarantine
+from flaketriage.workers.quarantine.file import Quarantine
 from flaketriage.workers.report.backend import open_issue_sink
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.report.markdown import MarkdownIssueSink
@@ -77,7 +77,7 @@ def test_issues_and_comment_replies_have_the_stores_modes(tmp_path: Path, modes:
 UPSERT_AGAIN = """
 import sys
 from pathlib import Path
-from flaketriage.file_modes import FileModes
+from flaketriage.files.modes import FileModes
 from flaketriage.workers.report.base import IssueDraft
 from flaketriage.workers.report.markdown import MarkdownIssueSink
 draft = IssueDraft(

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flaketriage.manifest import GPU, Hardware
+from flaketriage.bundle.manifest import GPU, Hardware
 from flaketriage.workers import gpus as gpus_module
 from flaketriage.workers.gpus import RunnerGPUs, gpu_difference, runner_gpus
 
@@ -100,9 +100,9 @@ def test_the_runner_reads_its_sm_count_through_nvml(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_triage_on_other_gpus_says_so(tmp_path: Path) -> None:
-    from flaketriage.bundle import load_manifest, write_bundle
-    from flaketriage.ci.capture import CaptureRequest, run_and_capture
-    from flaketriage.ci.source import SourceLimits
+    from flaketriage.bundle.io import load_manifest, write_bundle
+    from flaketriage.capture.record import CaptureRequest, run_and_capture
+    from flaketriage.capture.source import SourceLimits
     from flaketriage.store import LocalStore
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.sandbox import ProcessSandbox

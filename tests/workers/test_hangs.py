@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.child_process import run_command
-from flaketriage.ci.capture import CaptureRequest, CaptureResult, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.fingerprint import fingerprint_failure
-from flaketriage.hangs import HANG_DUMP_ENV, HangDump, parse_dump
+from flaketriage.bundle.io import load_manifest
+from flaketriage.capture.record import CaptureRequest, CaptureResult, run_and_capture
+from flaketriage.capture.source import SourceLimits
+from flaketriage.failure.fingerprint import fingerprint_failure
+from flaketriage.process.child import run_command
+from flaketriage.process.hangs import HANG_DUMP_ENV, HangDump, parse_dump
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import ReplayContext, Replayer, outcome_of
 from flaketriage.workers.report import MemoryIssueSink

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
+from flaketriage.bundle.io import load_manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.errors import SandboxError
-from flaketriage.git import Git
+from flaketriage.process.git import Git
 from flaketriage.store import LocalStore
 from flaketriage.workers.materialize import materialize
 

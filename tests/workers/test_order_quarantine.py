@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from flaketriage.bundle import list_bundles
-from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.bundle.io import list_bundles
 from flaketriage.quarantine import FailureRate, QuarantineEntry, QuarantineEvidence
 from flaketriage.records import Database, QuarantineRow, Work
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
+from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.pipeline import WorkerEnv
-from flaketriage.workers.records_quarantine import RecordsQuarantine
+from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.upkeep import Upkeep

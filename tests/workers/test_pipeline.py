@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.orchestrator.cases import CaseQuery
 from flaketriage.orchestrator.intake import Intake, Sighting
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
-from flaketriage.work import Step
+from flaketriage.work.dispatch import Dispatcher, MemorySender
+from flaketriage.work.messages import Step
 from flaketriage.workers.comments import MarkdownCommenter
 from flaketriage.workers.leases import claim
 from flaketriage.workers.pipeline import Pipeline, WorkerEnv
@@ -198,8 +198,8 @@ SEEDED = (
 def test_a_failure_under_the_seed_its_session_drew_is_asked_under_fresh_seeds_by_the_service(
     world: World,
 ) -> None:
-    from flaketriage.bundle import load_manifest, write_bundle
-    from flaketriage.manifest import Seeds
+    from flaketriage.bundle.io import load_manifest, write_bundle
+    from flaketriage.bundle.manifest import Seeds
 
     captured = load_manifest(world.store, world.capture(SEEDED, "--randomly-seed=1234"))
     drawn = Seeds(values={"pytest-randomly": 1234}, drawn=("pytest-randomly",))
@@ -215,9 +215,9 @@ def test_a_failure_under_the_seed_its_session_drew_is_asked_under_fresh_seeds_by
 
 
 def test_a_bundle_whose_python_the_runner_lacks_gets_the_environment_verdict(world: World) -> None:
-    from flaketriage.bundle import load_manifest, write_bundle
-    from flaketriage.workers.environment_build import EnvironmentBuilder
-    from flaketriage.workers.environment_cache import EnvironmentCache
+    from flaketriage.bundle.io import load_manifest, write_bundle
+    from flaketriage.workers.environment.build import EnvironmentBuilder
+    from flaketriage.workers.environment.cache import EnvironmentCache
 
     captured = load_manifest(world.store, world.capture(DETERMINISTIC))
     recorded = captured.environment.model_copy(update={"python": "3.4.10", "packages": ("six==1.16.0",)})
@@ -366,7 +366,7 @@ def _quarantine(world: World, case_id: int, bundle: str) -> str:
 def test_isolation_reruns_run_the_branch_as_it_is_now_and_lift_the_quarantine_once_fixed(
     world: World,
 ) -> None:
-    from flaketriage.git import Git
+    from flaketriage.process.git import Git
     from flaketriage.workers.upkeep import Upkeep
 
     project = world.tmp / "project"
@@ -410,7 +410,7 @@ def test_isolation_reruns_run_the_branch_as_it_is_now_and_lift_the_quarantine_on
 
 
 def test_garbage_collection_keeps_the_bundles_of_open_cases_and_quarantined_failures(world: World) -> None:
-    from flaketriage.bundle import list_bundles
+    from flaketriage.bundle.io import list_bundles
     from flaketriage.workers.upkeep import Upkeep
 
     opened = world.capture(DETERMINISTIC)
@@ -425,8 +425,8 @@ def test_garbage_collection_keeps_the_bundles_of_open_cases_and_quarantined_fail
 
 
 def test_a_gpu_bundles_triage_decides_on_the_gpu_queue_where_its_replays_ran(world: World) -> None:
-    from flaketriage.bundle import load_manifest, write_bundle
-    from flaketriage.manifest import GPU, Hardware
+    from flaketriage.bundle.io import load_manifest, write_bundle
+    from flaketriage.bundle.manifest import GPU, Hardware
 
     captured = load_manifest(world.store, world.capture("raise SystemExit(3)\n"))
     on_gpu = captured.model_copy(

@@ -11,9 +11,9 @@ from typing import Any, cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flaketriage.child_process import ProcessResult
-from flaketriage.fingerprint import fingerprint_failure
-from flaketriage.manifest import Command, Failure, Manifest, PytestContext
+from flaketriage.bundle.manifest import Command, Failure, Manifest, PytestContext
+from flaketriage.failure.fingerprint import fingerprint_failure
+from flaketriage.process.child import ProcessResult
 from flaketriage.workers.polluters import (
     ORDER_ENV,
     ORDER_PLUGIN,
@@ -389,7 +389,7 @@ class SeededFakeReplayer:
 
 
 def _seeded(make_manifest: Callable[..., Manifest], *, drawn: bool) -> Manifest:
-    from flaketriage.manifest import Seeds
+    from flaketriage.bundle.manifest import Seeds
 
     manifest = _manifest(make_manifest, [])
     argv = ("python", "-m", "pytest", "-p", "randomly", "--randomly-seed=1234", "--", VICTIM)

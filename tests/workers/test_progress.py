@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import list_bundles
-from flaketriage.child_process import ProcessResult
+from flaketriage.bundle.io import list_bundles
 from flaketriage.orchestrator.api_models import CaseDetail
 from flaketriage.orchestrator.cases import CaseQuery
+from flaketriage.process.child import ProcessResult
 from flaketriage.store import LocalStore
-from flaketriage.work import Step
+from flaketriage.work.messages import Step
 from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.sandbox import ProcessSandbox, SandboxSpec

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.git import Git
-from flaketriage.manifest import Manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
+from flaketriage.process.git import Git
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import SITECUSTOMIZE_DIR, ReplayContext, Replayer
 from flaketriage.workers.sandbox import BubblewrapSandbox, ProcessSandbox, Sandbox

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from flaketriage.manifest import Command, Failure, Manifest
+from flaketriage.bundle.manifest import Command, Failure, Manifest
 from flaketriage.workers.attribution import Attribution
-from flaketriage.workers.bundle_minimizer import MinimizeResult
+from flaketriage.workers.minimize.minimizer import MinimizeResult
 from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.report import ReportRef
 from flaketriage.workers.report.render import order_command, render_comment

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 import flaketriage
-from flaketriage.errors import ReportError
-from flaketriage.manifest import (
+from flaketriage.bundle.manifest import (
     GPU,
     Command,
     DataInput,
@@ -28,6 +27,7 @@ from flaketriage.manifest import (
     Provenance,
     Source,
 )
+from flaketriage.errors import ReportError
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import LocalStore, Store
 from flaketriage.workers.report import (

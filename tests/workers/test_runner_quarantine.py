@@ -19,19 +19,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.dispatch import Dispatcher, MemorySender
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Command, Manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.errors import CaptureError
-from flaketriage.manifest import Command, Manifest
-from flaketriage.orchestrator import github_hooks
-from flaketriage.orchestrator.cases import quarantine_document
-from flaketriage.orchestrator.intake import Intake
-from flaketriage.orchestrator.sightings import StorePolicy
-from flaketriage.quarantine import MAX_TESTS, QuarantineDocument
-from flaketriage.records import Case, Database
-from flaketriage.runner_results import (
+from flaketriage.failure.runner_results import (
     JUNIT_ATTACHMENT,
     failed_tests,
     is_test_runner,
@@ -39,12 +32,19 @@ from flaketriage.runner_results import (
     junit_failures,
     read_junit_file,
 )
+from flaketriage.orchestrator import github_hooks
+from flaketriage.orchestrator.cases import quarantine_document
+from flaketriage.orchestrator.intake import Intake
+from flaketriage.orchestrator.sightings import StorePolicy
+from flaketriage.quarantine import MAX_TESTS, QuarantineDocument
+from flaketriage.records import Case, Database
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
-from flaketriage.work import Step
+from flaketriage.work.dispatch import Dispatcher, MemorySender
+from flaketriage.work.messages import Step
 from flaketriage.workers.pipeline import Pipeline, WorkerEnv
-from flaketriage.workers.quarantine import Quarantine, failed_tests_of
-from flaketriage.workers.records_quarantine import RecordsQuarantine
+from flaketriage.workers.quarantine.file import Quarantine, failed_tests_of
+from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MarkdownIssueSink, MemoryIssueSink, ReportRef
 from flaketriage.workers.report.render import render_comment

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
+from flaketriage.bundle.io import load_manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.records import Case, Work
 from flaketriage.store import LocalStore
 from flaketriage.workers.attribution import RunnerIdentity
@@ -395,14 +395,14 @@ def test_the_beat_schedules_telemetry_runs_that_use_the_telemetry_module(
 
 
 def test_a_telemetry_run_on_gpus_is_scheduled_on_the_gpu_queue(world: World) -> None:
-    from flaketriage.manifest import GPU, Hardware
+    from flaketriage.bundle.manifest import GPU, Hardware
 
     bundle = world.capture("raise SystemExit(3)\n")
     manifest = load_manifest(world.store, bundle)
     on_gpu = manifest.model_copy(
         update={"hardware": Hardware(host="gpu-box", gpus=(GPU(index=0, name="H100"),))}
     )
-    from flaketriage.bundle import write_bundle
+    from flaketriage.bundle.io import write_bundle
 
     gpu_bundle = write_bundle(world.store, on_gpu)
     case_id = world.announce(gpu_bundle)

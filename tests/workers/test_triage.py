@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flaketriage.child_process import ProcessResult
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.git import Git
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
+from flaketriage.process.child import ProcessResult
+from flaketriage.process.git import Git
 from flaketriage.store import LocalStore
-from flaketriage.workers.bundle_minimizer import MinimizeResult
 from flaketriage.workers.cost import PHASES, PhaseCost, TriageCost
+from flaketriage.workers.minimize.minimizer import MinimizeResult
 from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink, ReportKind, ReportRef

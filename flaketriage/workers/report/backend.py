@@ -3,7 +3,7 @@ Markdown files beside the store. The CLI's ``triage`` and the workers both build
 
 from __future__ import annotations
 
-from flaketriage.file_modes import FileModes
+from flaketriage.files.modes import FileModes
 from flaketriage.settings import Settings
 from flaketriage.workers.report.base import IssueSink
 from flaketriage.workers.report.github_client import GitHubClient, GitHubConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from flaketriage.errors import ReportError
-from flaketriage.file_lock import locked
+from flaketriage.files.lock import locked
 from flaketriage.quarantine import FINGERPRINT_PATTERN
 
 ReportKind = Literal["markdown", "memory", "quarantine", "github"]
@@ -298,7 +298,7 @@ def utc_now() -> datetime:
 
 @contextmanager
 def report_lock(lock_path: Path, mode: int) -> Iterator[None]:
-    """`flaketriage.file_lock.locked` (a lock file created with `mode`, the store's), a lock file that
+    """`flaketriage.files.lock.locked` (a lock file created with `mode`, the store's), a lock file that
     cannot be created raising `ReportError`."""
     with ExitStack() as stack:
         try:

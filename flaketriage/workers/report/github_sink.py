@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flaketriage.errors import IssueTrackerError, ReportError
-from flaketriage.titles import clip
+from flaketriage.text.titles import clip
 from flaketriage.workers.report.base import (
     MARKER_TAG,
     IssueDraft,

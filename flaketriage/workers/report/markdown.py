@@ -1,7 +1,7 @@
 """`MarkdownIssueSink`: issues as Markdown files, one per fingerprint, in a directory.
 
-Updates are read-modify-write under a lock on a lock file in the directory (`flaketriage.file_lock`),
-and every write goes to a temp file renamed into place (`flaketriage.atomic`), so concurrent
+Updates are read-modify-write under a lock on a lock file in the directory (`flaketriage.files.lock`),
+and every write goes to a temp file renamed into place (`flaketriage.files.atomic`), so concurrent
 reporters never lose an occurrence and a crash never leaves a half-written issue.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from flaketriage import atomic
 from flaketriage.errors import ReportError
-from flaketriage.file_modes import OWNER_ONLY, FileModes
+from flaketriage.files import atomic
+from flaketriage.files.modes import OWNER_ONLY, FileModes
 from flaketriage.workers.report.base import (
     IssueDraft,
     IssueRecord,

@@ -20,15 +20,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from flaketriage.bundle import describe_failure
+from flaketriage.bundle.io import describe_failure
+from flaketriage.bundle.manifest import DataInput, Manifest
 from flaketriage.errors import FlaketriageError
-from flaketriage.manifest import DataInput, Manifest
-from flaketriage.os_strings import shell_join
-from flaketriage.runner_results import is_test_runner
+from flaketriage.failure.runner_results import is_test_runner
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
-from flaketriage.titles import clip
+from flaketriage.text.os_strings import shell_join
+from flaketriage.text.titles import clip
 from flaketriage.workers.cost import TriageCost
 from flaketriage.workers.polluters import PolluterSearch, repeat_base
 from flaketriage.workers.report.base import IssueDraft
@@ -475,7 +475,7 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
                 f"... ({dropped} earlier lines left out; the bundle has them all)",
                 *lines[-MAX_TRACEBACK_LINES:],
             ]
-        if f.kind == "timeout":  # the stacks dumped before it was killed (flaketriage.hangs)
+        if f.kind == "timeout":  # the stacks dumped before it was killed (flaketriage.process.hangs)
             parts += ["", "Where it hung:", "", _fence("\n".join(lines), "text")]
         else:
             parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flaketriage.child_process import ProcessResult
-from flaketriage.manifest import Environment
+from flaketriage.bundle.manifest import Environment
+from flaketriage.process.child import ProcessResult
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Sandbox(ABC):
     name: str = "sandbox"
     builds_environments: bool = False
     """Whether the sandbox builds the bundle's environment itself from `SandboxSpec.environment` (an
-    image per `flaketriage.workers.environments.EnvironmentKey`); local sandboxes run in the
+    image per `flaketriage.workers.environment.key.EnvironmentKey`); local sandboxes run in the
     virtualenv the replayer prepares."""
 
     @abstractmethod

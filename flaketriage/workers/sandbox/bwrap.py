@@ -14,8 +14,8 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from flaketriage.child_process import ProcessResult
 from flaketriage.errors import SandboxError
+from flaketriage.process.child import ProcessResult
 from flaketriage.workers.sandbox.base import Sandbox, SandboxSpec, readable_paths
 from flaketriage.workers.sandbox.limits import LocalLimits
 

@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flaketriage.child_process import MAX_KEPT_BYTES, Limit, ProcessResult
 from flaketriage.dependencies import require
 from flaketriage.errors import SandboxError
-from flaketriage.hangs import HANG_DUMP_ENV, HangDump, dump_by_signal
+from flaketriage.process.child import MAX_KEPT_BYTES, Limit, ProcessResult
+from flaketriage.process.hangs import HANG_DUMP_ENV, HangDump, dump_by_signal
 from flaketriage.workers.sandbox.base import Sandbox, SandboxSpec
 from flaketriage.workers.sandbox.images import DEFAULT_BASE_IMAGE, EnvironmentImages
 from flaketriage.workers.sandbox.limits import filesystem_breach, first_limit, network_breach, pids_breach
@@ -224,7 +224,7 @@ class DockerSandbox(Sandbox):
             streams = output
 
             def dump() -> None:
-                # Stacks before the kill (flaketriage.hangs): the run's faulthandler answers SIGUSR1.
+                # Stacks before the kill (flaketriage.process.hangs): the run's faulthandler answers SIGUSR1.
                 hang[0] = dump_by_signal(lambda: container.kill(signal="SIGUSR1"), streams.size, streams.tail)
 
             asked = spec.env.get(HANG_DUMP_ENV) == "1"  # else nothing in it would answer

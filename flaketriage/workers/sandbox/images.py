@@ -1,6 +1,6 @@
 """Environment images for the Docker sandbox: one image per bundle environment, built once and kept.
 
-An image is named by its environment's key (`flaketriage.workers.environments.EnvironmentKey`, the
+An image is named by its environment's key (`flaketriage.workers.environment.key.EnvironmentKey`, the
 same key that names a local sandbox's virtualenv: Python ``X.Y``, implementation and the normalized
 pins), so every bundle captured in the same environment replays in the same image, built the first
 time one is needed: the base image for that Python version (``python:3.11-slim`` by default) with
@@ -18,9 +18,9 @@ import tarfile
 import threading
 from typing import Any
 
+from flaketriage.bundle.manifest import Environment
 from flaketriage.errors import ReplayEnvironmentError, SandboxError
-from flaketriage.manifest import Environment
-from flaketriage.workers.environments import EnvironmentKey
+from flaketriage.workers.environment.key import EnvironmentKey
 
 IMAGE_REPO = "flaketriage-env"
 DEFAULT_BASE_IMAGE = "python:{python}-slim"

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaketriage import reaper
-from flaketriage.child_process import Limit, ProcessResult, run_command
+from flaketriage.process import reaper
+from flaketriage.process.child import Limit, ProcessResult, run_command
 from flaketriage.workers.sandbox.base import SandboxSpec, readable_paths
 from flaketriage.workers.sandbox.cgroup import Cgroup, Controller
 from flaketriage.workers.sandbox.namespaces import PRIVATE_TMP, Namespaces, interpreter_environment

@@ -7,7 +7,7 @@ cost every replay a second, so a finder waits for the program's own import inste
 
 With ``FLAKETRIAGE_HANG_DUMP=1`` (replays, and captures with a time limit) SIGUSR1 makes
 faulthandler write every thread's stack to stderr: what a run that hangs is asked for before it is
-killed (`flaketriage.hangs`). With ``FLAKETRIAGE_TORCH_PROFILE=PATH`` (a telemetry run's profiled
+killed (`flaketriage.process.hangs`). With ``FLAKETRIAGE_TORCH_PROFILE=PATH`` (a telemetry run's profiled
 replay) the torch profiler runs from the program's ``import torch`` to its exit and writes a Chrome
 trace to PATH.
 """
@@ -141,8 +141,8 @@ def _register_hang_dump() -> None:
         pass  # no SIGUSR1 here, or stderr is not a file: the run is killed without a dump
 
 
-# flaketriage.replay_env.DETERMINISTIC_ENV and flaketriage.hangs.HANG_DUMP_ENV: this runs inside the
-# replayed program, where flaketriage may not be importable, so the names are written out.
+# flaketriage.process.replay_env.DETERMINISTIC_ENV and flaketriage.process.hangs.HANG_DUMP_ENV: this runs
+# inside the replayed program, where flaketriage may not be importable, so the names are written out.
 if os.environ.get("FLAKETRIAGE_DETERMINISTIC", "1") == "1" or _TORCH_PROFILE:
     if "torch" in sys.modules:
         _on_torch(sys.modules["torch"])

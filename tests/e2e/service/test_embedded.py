@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flaketriage.bundle import load_manifest
+from flaketriage.bundle.io import load_manifest
 from flaketriage.events import FailureEvent, StoreLocation
 from flaketriage.signing import signed_headers
 from flaketriage.store import LocalStore

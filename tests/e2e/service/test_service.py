@@ -41,7 +41,7 @@ def tag() -> str:
 
 
 def _event_body(stack: Stack, bundle: str) -> bytes:
-    from flaketriage.bundle import load_manifest
+    from flaketriage.bundle.io import load_manifest
 
     manifest = load_manifest(LocalStore(stack.store), bundle)
     return FailureEvent.for_manifest(manifest, StoreLocation.parse(stack.store)).body()

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from flaketriage.bundle.manifest import Command, Failure, Manifest
 from flaketriage.errors import IssueTrackerError
-from flaketriage.manifest import Command, Failure, Manifest
 from flaketriage.store import LocalStore, MemoryStore
 from flaketriage.workers.pipeline import render_comment, render_lift
-from flaketriage.workers.quarantine import Quarantine
+from flaketriage.workers.quarantine.file import Quarantine
 from flaketriage.workers.report import IssueRecord, render_issue
 from flaketriage.workers.report.github_client import GitHubClient
 from flaketriage.workers.report.github_sink import GitHubCommenter, GitHubIssueSink, fit_body

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Environment
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.errors import ReplayEnvironmentError, SandboxError
-from flaketriage.manifest import Environment
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
-from flaketriage.workers.environments import EnvironmentKey
+from flaketriage.workers.environment.key import EnvironmentKey
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.sandbox import SandboxSpec, make_sandbox
 from flaketriage.workers.sandbox.containers import REPLAY_LABEL, DockerSandbox, gpu_request

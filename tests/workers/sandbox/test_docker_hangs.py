@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flaketriage.fingerprint import fingerprint_failure
-from flaketriage.hangs import HANG_DUMP_ENV, sitecustomize_dir
+from flaketriage.failure.fingerprint import fingerprint_failure
+from flaketriage.process.hangs import HANG_DUMP_ENV, sitecustomize_dir
 from flaketriage.workers.sandbox import SandboxSpec
 from flaketriage.workers.sandbox.containers import DockerSandbox
 from flaketriage.workers.sandbox.images import EnvironmentImages

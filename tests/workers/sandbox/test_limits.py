@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from flaketriage.bundle import load_manifest
-from flaketriage.ci.capture import CaptureRequest, run_and_capture
-from flaketriage.ci.source import SourceLimits
-from flaketriage.manifest import Manifest
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.manifest import Manifest
+from flaketriage.capture.record import CaptureRequest, run_and_capture
+from flaketriage.capture.source import SourceLimits
 from flaketriage.store import LocalStore
 from flaketriage.workers.replay import ReplayContext, Replayer, ReplayResult, Variant
 from flaketriage.workers.sandbox import BubblewrapSandbox, LocalLimits, ProcessSandbox, Sandbox

@@ -1,0 +1,3 @@
+"""Capture: run a command or record a failure where it happens, and write its bundle.
+
+Called alike by ``flaketriage capture``, the pytest plugin and the numeric guards."""

@@ -1,0 +1,1 @@
+"""Local files: atomic writes, the file lock and the modes of what flaketriage writes."""
