@@ -2,7 +2,8 @@
 
 Nothing reads them at import time: an entry point (the CLI, the pytest plugin, a guard) calls
 `load_settings` once and passes the result down. A bad value is a `ConfigError` that names the
-variable and what it accepts. The README's settings table is `settings_table`'s output.
+variable and what it accepts. The settings reference (``docs/reference/settings.md``) is generated
+from the fields' descriptions by `flaketriage.cli.reference`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from urllib.parse import urlsplit
 import annotated_types
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flaketriage.errors import ConfigError
@@ -31,7 +31,7 @@ DEFAULT_OUTPUT_TAIL_LINES = 200
 
 
 class Settings(BaseSettings):
-    """Every flaketriage setting. Each is documented once, here; the README table is built from it."""
+    """Every flaketriage setting. Each is documented once, here; the settings reference is built from it."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
@@ -612,30 +612,3 @@ def _number(meta: object) -> str:
         if hasattr(meta, attr):
             return f"{getattr(meta, attr):g}"
     return "?"
-
-
-_DEFAULT_IN_TEXT = re.compile(r"\s*Default: (`[^`]+`)\.?$")
-
-
-def settings_table() -> str:
-    """The README's settings table (Markdown): variable, default and meaning of every setting,
-    straight from the model's fields and their descriptions."""
-    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    for field, info in Settings.model_fields.items():
-        meaning = " ".join((info.description or "").split())
-        default = _default_text(info)
-        derived = _DEFAULT_IN_TEXT.search(meaning)
-        if derived is not None and info.default is None:
-            default, meaning = derived.group(1), meaning[: derived.start()]
-        meaning = meaning.replace("|", "\\|")
-        rows.append(f"| `{env_var(field)}` | {default} | {meaning} |")
-    return "\n".join(rows) + "\n"
-
-
-def _default_text(info: FieldInfo) -> str:
-    default = info.default
-    if default is None or default is PydanticUndefined:
-        return "none"
-    if isinstance(default, float) and default.is_integer():
-        default = int(default)
-    return f"`{default}`"
