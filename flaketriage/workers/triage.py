@@ -83,8 +83,9 @@ class Finding:
 class TriageResult:
     """Everything `flaketriage triage --json` prints, and what a triage task returns.
 
-    ``to_json`` writes the object README.md documents; ``from_json`` is its exact inverse (it raises
-    KeyError or ValueError for an object ``to_json`` did not write), so a result survives a broker.
+    ``to_json`` writes the object docs/commands/triage.md documents; ``from_json`` is its exact
+    inverse (it raises KeyError or ValueError for an object ``to_json`` did not write), so a result
+    survives a broker.
     """
 
     bundle_id: str

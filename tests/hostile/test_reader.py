@@ -224,8 +224,9 @@ def test_a_manifest_that_inflates_past_the_manifest_cap_is_refused_in_bounded_me
 def test_a_blob_whose_manifest_claims_a_huge_size_is_refused_before_anything_is_written(
     sandbox: Sandbox, bomb: bytes
 ) -> None:
-    # Decision (README, "The store and bundles"): a recorded size is trusted only up to the free
-    # space where the blob is written, and streaming keeps memory bounded whatever it claims.
+    # Decision (docs/store/index.md, "Reads: verified and bounded"): a recorded size is trusted
+    # only up to the free space where the blob is written, and streaming keeps memory bounded
+    # whatever it claims.
     bundle = plant_bomb_blob(sandbox, bomb, recorded_size=1 << 50)
     exported, peak = run_measured(sandbox, "bundle", "export", bundle, "repro")
     assert_one_line_error(exported, 2, f"its manifest records {1 << 50} bytes, more than the", "bytes free")

@@ -1,8 +1,8 @@
 """What the polluter search's confirmation counts rest on: the set it returns was already seen to fail.
 
-README says a polluter set reproduces 5 times, "once in the search, then `confirm_runs` (4)
-confirmations": that holds only if every set `find_polluters` returns is the full order (seen to
-fail before the search) or a set one of its own replays saw fail.
+The manual (docs/commands/triage.md, "Verdicts") says a polluter set reproduces 5 times, "once in
+the search, then `confirm_runs` (4) confirmations": that holds only if every set `find_polluters`
+returns is the full order (seen to fail before the search) or a set one of its own replays saw fail.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def test_triage_result_round_trips(result: TriageResult) -> None:
 
 
 def test_triage_json_has_the_documented_shape() -> None:
-    """The keys README.md documents for ``flaketriage triage --json``."""
+    """The keys docs/commands/triage.md documents for ``flaketriage triage --json``."""
     result = TriageResult(
         bundle_id="b" * 64,
         verdict=VerdictResult(Verdict.DETERMINISTIC, True, 5, 5, 0, 0, RateInterval(1.0, 0.478, 1.0)),

@@ -1,10 +1,10 @@
-"""A team's day through the production stack, in the order the README's "Production set-up" gives it.
+"""A team's day through the production stack, in the order docs/service/deploy.md gives it.
 
 PostgreSQL, Redis, the receiver, two workers and beat run as real processes (the ``stack`` fixture);
 a small git project has the three failures a team meets: a flaky test, a deterministic data bug (one
 bad CSV row, declared with the ``flaketriage_data`` marker) and an order-dependent test (a polluter
 leaves global state its victim trips on), plus an integration step CI runs as a whole command under
-``flaketriage capture``. CI runs ``pytest --flaketriage`` with the environment the README tells it
+``flaketriage capture``. CI runs ``pytest --flaketriage`` with the environment that page tells it
 to set, the service triages what it captured, GitHub and Sentry report the same run,
 ``flaketriage cases`` shows the verdicts, the next CI run sees the quarantine, and ``flaketriage
 doctor`` finds nothing wrong. Every step is asserted before the next one starts.
@@ -186,7 +186,7 @@ def write_project(root: Path, flip: Path, flip_integration: Path) -> None:
 
 
 def ci_env(stack: Stack) -> dict[str, str]:
-    """What the README tells CI to set, and nothing of the service's own settings."""
+    """What the production set-up page tells CI to set, and nothing of the service's own settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "PYTEST_", "GITHUB_"))}
     env.pop("CI", None)
     env.update(
@@ -423,13 +423,14 @@ def test_a_teams_day_through_the_service(
     assert re.search(r"ok\s+quarantine", doctor.stdout), doctor.stdout
 
 
-README = Path(__file__).parents[3] / "README.md"
+PRODUCTION_SET_UP = Path(__file__).parents[3] / "docs" / "service" / "deploy.md"
 
 
 def production_setup() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("### Production set-up")
-    return text[start : text.index("\n### ", start + 1)]
+    """The manual's "Production set-up" page, the whole of it."""
+    text = PRODUCTION_SET_UP.read_text(encoding="utf-8")
+    assert text.startswith("# Production set-up\n"), PRODUCTION_SET_UP
+    return text
 
 
 def test_the_production_set_up_names_only_real_settings_and_commands() -> None:
