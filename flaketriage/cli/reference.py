@@ -168,7 +168,7 @@ def _markdown_text(text: str, *, in_table: bool = False) -> str:
     out = []
     for index, part in enumerate(parts):
         if index % 2:  # a code span
-            out.append(part.replace("|", "\\|") if in_table else part)
+            out.append(_cell_code(part[1:-1]) if in_table else part)
             continue
         part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         part = re.sub(r"([\\*\[\]]|(?<!\w)_|_(?!\w))", r"\\\1", part)
@@ -188,8 +188,13 @@ def _split_notes(text: str) -> tuple[str, str]:
 
 
 def _cell_code(text: str) -> str:
-    """`text` as a code span in a table cell (where even a code span's ``|`` must be escaped)."""
-    return f"`{text}`".replace("|", "\\|")
+    """`text` as code in a table cell. A ``|`` would end the cell, and no escape of it inside a code
+    span reads the same on GitHub and in MkDocs, so such code is written as ``<code>`` with the pipe
+    as an entity."""
+    if "|" not in text:
+        return f"`{text}`"
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "&#124;")
+    return f"<code>{text}</code>"
 
 
 def _anchor(path: str) -> str:

@@ -84,7 +84,8 @@ def test_the_pages_are_the_same_on_every_machine(monkeypatch: pytest.MonkeyPatch
 def test_help_text_is_shown_literally() -> None:
     text = reference._markdown_text("a <store>/x, *not* bold, _x_ and [y](z), A_B, `a <b> *c*`")
     assert text == r"a &lt;store&gt;/x, \*not\* bold, \_x\_ and \[y\](z), A_B, `a <b> *c*`"
-    assert reference._markdown_text("a | b `c|d`", in_table=True) == r"a \| b `c\|d`"
+    assert reference._markdown_text("a | b `c|d`", in_table=True) == r"a \| b <code>c&#124;d</code>"
+    assert reference._markdown_text("`c<d`", in_table=True) == "`c<d`"
 
 
 def test_check_names_the_stale_page_and_write_fixes_it(
