@@ -35,7 +35,8 @@ from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
 from flaketriage.records.text import storable_json, storable_text
-from flaketriage.work.dispatch import Dispatcher, Outgoing, WorkRequest
+from flaketriage.settings import Settings
+from flaketriage.work.dispatch import Dispatcher, Outgoing, TaskSender, WorkRequest
 from flaketriage.work.messages import Queue, Step
 
 Trigger = Literal["auto", "always", "never"]
@@ -413,6 +414,23 @@ def _first_sightings(items: Sequence[Item]) -> dict[str, NewCase]:
                     identity=s.case_identity,
                 )
     return first
+
+
+def build_intake(settings: Settings, database: Database, sender: TaskSender) -> Intake:
+    """The intake the settings describe, recording in `database` and sending through `sender`
+    (the receiver's, and its intake process's)."""
+    dispatcher = Dispatcher(
+        database,
+        sender,
+        sweep_after_s=settings.sweep_after_s,
+        replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
+    )
+    return Intake(
+        database,
+        dispatcher,
+        retriage_after_s=settings.retriage_after_h * 3600,
+        storm_window_s=settings.storm_window_s,
+    )
 
 
 def _delivery_rows(items: Sequence[Item], now: datetime) -> dict[tuple[str, str], dict[str, Any]]:

@@ -39,8 +39,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from flaketriage.errors import BrokerError, RecordsError
-from flaketriage.orchestrator.intake import IntakeResult, Item, Sighting
+from flaketriage.orchestrator.intake import IntakeResult, Item, Sighting, build_intake
 from flaketriage.orchestrator.intake_queue import record_each, settle
+from flaketriage.orchestrator.sender import receiver_sender
+from flaketriage.records import Database
 from flaketriage.settings import Settings
 
 _Request = tuple[int, str, str, str, Sequence[Sighting]]
@@ -395,9 +397,6 @@ def main(argv: Sequence[str]) -> None:
     if opening is None:
         return
     settings, max_batch = opening
-    from flaketriage.orchestrator.service import build_intake, receiver_sender
-    from flaketriage.records import Database
-
     database = Database(settings.resolved_database_url())
     intake = build_intake(settings, database, receiver_sender(settings))
     gc.collect()

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting
+from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting, build_intake
+from flaketriage.orchestrator.intake_process import IntakeProcess
 from flaketriage.orchestrator.intake_queue import IntakeQueue
 from flaketriage.orchestrator.metrics import ServiceMetrics
+from flaketriage.orchestrator.sender import PingingSender, receiver_sender
 from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.records import Database
 from flaketriage.settings import Settings
-from flaketriage.work.dispatch import CelerySender, Dispatcher, TaskSender
-from flaketriage.work.messages import Queue
-
-
-class PingingSender(TaskSender, Protocol):
-    def ping(self) -> None: ...
+from flaketriage.work.dispatch import Dispatcher
 
 
 class DeliveryRecorder(Protocol):
@@ -74,44 +71,6 @@ class Service:
         )
 
 
-def build_intake(settings: Settings, database: Database, sender: TaskSender) -> Intake:
-    """The intake the settings describe, recording in `database` and sending through `sender`."""
-    dispatcher = Dispatcher(
-        database,
-        sender,
-        sweep_after_s=settings.sweep_after_s,
-        replay_grace_s=settings.replay_timeout_s + settings.sweep_after_s,
-    )
-    return Intake(
-        database,
-        dispatcher,
-        retriage_after_s=settings.retriage_after_h * 3600,
-        storm_window_s=settings.storm_window_s,
-    )
-
-
-def receiver_sender(settings: Settings) -> CelerySender:
-    """How the receiver hands work to the broker: the work of a batch of deliveries goes as one
-    message, which a worker consuming the report queue (the light one, which the sweep runs on too)
-    sends on task by task."""
-    return CelerySender(sending_app(settings), fan_out_queue=Queue.REPORT.value)
-
-
-def sending_app(settings: Settings) -> Any:
-    """A Celery app that only sends (by task name) with the shared configuration."""
-    from celery import Celery
-
-    from flaketriage.work.broker import celery_config
-
-    app = Celery("flaketriage", set_as_current=False)
-    app.conf.update(
-        celery_config(
-            settings.resolved_broker_url(), visibility_timeout_s=settings.broker_visibility_timeout_s
-        )
-    )
-    return app
-
-
 def build_service(settings: Settings, say: Callable[[str], None] = print) -> Service:
     """The service of `settings`, once its database answers (`say` is told while it waits)."""
     database = Database(settings.resolved_database_url())
@@ -120,8 +79,6 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     if database.engine.dialect.name == "postgresql":
         # A database that takes concurrent writers: deliveries are recorded in a process of their
         # own, beside the event loop's (`IntakeProcess`).
-        from flaketriage.orchestrator.intake_process import IntakeProcess
-
         recorder = IntakeProcess(settings)
         recorder.start()  # before the first request: an interpreter takes a second to start
     return Service.assemble(settings, database, receiver_sender(settings), recorder)

@@ -1,10 +1,11 @@
 """The Celery configuration both sides share: broker, serialization, delivery guarantees, queues.
 
-The orchestrator sends tasks by name and the workers run them; both build their Celery app from
-`celery_config`, so they agree on the broker, the JSON serializer and the queues without importing
-each other. With no broker configured the broker is a SQLite file beside the store, read through
-kombu's SQLAlchemy transport (`LocalTransport` polls it ten times a second): durable across
-restarts, for one machine. Redis (``redis://``) is the broker for more than one.
+The orchestrator sends tasks by name and the workers run them; both build their Celery app with
+`flaketriage.work.celery.build_celery`, which applies `celery_config`, so they agree on the broker,
+the JSON serializer and the queues without importing each other. With no broker configured the
+broker is a SQLite file beside the store, read through kombu's SQLAlchemy transport
+(`LocalTransport` polls it ten times a second): durable across restarts, for one machine. Redis
+(``redis://``) is the broker for more than one.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from celery import Celery
 from flaketriage.errors import BrokerError, RecordsError
 from flaketriage.records import Database
 from flaketriage.settings import Settings
-from flaketriage.work.broker import broker_was_emptied, celery_config
+from flaketriage.work.broker import broker_was_emptied
+from flaketriage.work.celery import build_celery
 from flaketriage.work.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.work.messages import (
     BROKER_CHECK_TASK,
@@ -87,13 +88,9 @@ def build_env(settings: Settings, app: Celery) -> WorkerEnv:
 
 
 def create_celery(settings: Settings) -> Celery:
-    """The workers' app: the shared configuration, the tasks, the beat schedule."""
-    app = Celery("flaketriage", set_as_current=False)
-    app.conf.update(
-        celery_config(
-            settings.resolved_broker_url(), visibility_timeout_s=settings.broker_visibility_timeout_s
-        )
-    )
+    """The workers' app: the shared one (`build_celery`), plus the tasks, their routes and the beat
+    schedule."""
+    app = build_celery(settings)
     app.conf.beat_schedule = beat_schedule(settings)
     app.conf.task_routes = {
         SWEEP_TASK: {"queue": Queue.REPORT.value},

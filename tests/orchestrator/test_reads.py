@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flaketriage.orchestrator.api_models import CaseDetail, CaseSummary, CaseVerdict
-from flaketriage.orchestrator.service import receiver_sender
+from flaketriage.orchestrator.sender import receiver_sender
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEvidence, refreshed_entry
 from flaketriage.records import CaseStatus, Database, QuarantineRow
 from flaketriage.settings import load_settings
