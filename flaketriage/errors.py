@@ -38,6 +38,11 @@
     │                                 it cannot read): the request's fault, not an outage
     ├── BrokerError                   the task broker cannot take work (it stays recorded, re-sent later)
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
+    ├── RequestRefusedError           the receiver refuses a request as sent (a 4xx answer): the
+    │   │                             sender's to fix, never an outage
+    │   ├── BodyRefused               a body too large (413) or too slow to arrive whole (408)
+    │   ├── PayloadError              a payload lacks a field its event must have, or is no ping
+    │   └── StoreNotAllowed           an event names a store the service does not read (or it reads none)
     ├── MissingDependencyError        an optional library is not installed (also an ImportError); names
     │                                 the ``pip install 'flaketriage[extra]'`` that fixes it
     ├── GuardError                    a numeric guard is set up wrongly: a check or policy it cannot honour
@@ -263,6 +268,30 @@ class EventRefusedError(NotifyError):
 
 class SignatureError(FlaketriageError):
     """A signed request's signature is missing, malformed, does not match, or is too old or new."""
+
+
+class RequestRefusedError(FlaketriageError):
+    """The receiver refuses a request as it was sent and answers it with a 4xx status saying why:
+    the sender's to fix (or the service's settings), never an outage."""
+
+
+class BodyRefused(RequestRefusedError):
+    """A body the receiver stopped reading: too large (413) or too slow (408)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class PayloadError(RequestRefusedError):
+    """A payload without a field its event must have, or with one of the wrong type (a webhook is
+    answered 422 naming the field), or a body that is not a ping (400)."""
+
+
+class StoreNotAllowed(RequestRefusedError):
+    """An event names a store the service is not configured to read (also raised when building a
+    service that is configured to read none)."""
 
 
 class RecordsError(FlaketriageError):

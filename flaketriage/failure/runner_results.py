@@ -178,8 +178,9 @@ def junit_failures(
     return [relative(i) for i in ids] if relative is not None else ids
 
 
-class _Refused(Exception):
-    """Raised from inside the parser to stop at a construct a test report never needs."""
+class _Refused(CaptureError):
+    """Raised from inside the parser to stop at a construct a test report never needs (then
+    raised again as a `CaptureError` that says the report's tests are not read)."""
 
 
 class _JUnitReader:

@@ -32,7 +32,16 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from flaketriage import __version__
-from flaketriage.errors import BrokerError, RecordsDataError, RecordsError, SignatureError
+from flaketriage.errors import (
+    BodyRefused,
+    BrokerError,
+    PayloadError,
+    RecordsDataError,
+    RecordsError,
+    RequestRefusedError,
+    SignatureError,
+    StoreNotAllowed,
+)
 from flaketriage.events import FailureEvent
 from flaketriage.orchestrator import github_hooks, sentry_hooks
 from flaketriage.orchestrator.api_models import (
@@ -46,12 +55,12 @@ from flaketriage.orchestrator.api_models import (
 )
 from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
-from flaketriage.orchestrator.payloads import DELIVERY_KEY, Parsed, PayloadError
+from flaketriage.orchestrator.payloads import DELIVERY_KEY, Parsed
 from flaketriage.orchestrator.ping import add_ping_route
-from flaketriage.orchestrator.request_body import BodyRefused, read_body
+from flaketriage.orchestrator.request_body import read_body
 from flaketriage.orchestrator.runners import list_runners
 from flaketriage.orchestrator.service import Service
-from flaketriage.orchestrator.sightings import StoreNotAllowed, from_event
+from flaketriage.orchestrator.sightings import from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
 from flaketriage.records.text import storable_json
@@ -80,7 +89,7 @@ log = logging.getLogger("flaketriage.receiver")
 """One line per request: source, delivery id, outcome, case and work ids; refusals with why."""
 
 
-class HTTPProblem(Exception):
+class HTTPProblem(RequestRefusedError):
     """A refusal; `close` when the request's body is left unread (the connection is closed after)."""
 
     def __init__(self, status: int, detail: str, close: bool = False) -> None:

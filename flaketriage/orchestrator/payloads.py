@@ -10,11 +10,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from flaketriage.errors import PayloadError
 from flaketriage.orchestrator.intake import Sighting
-
-
-class PayloadError(ValueError):
-    """A payload without a field its event must have; answered with 422 naming the field."""
 
 
 @dataclass

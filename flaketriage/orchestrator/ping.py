@@ -16,11 +16,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from flaketriage import __version__
-from flaketriage.errors import SignatureError
+from flaketriage.errors import PayloadError, SignatureError, StoreNotAllowed
 from flaketriage.events import StoreLocation
 from flaketriage.orchestrator.api_models import Problem
 from flaketriage.orchestrator.request_body import read_body
-from flaketriage.orchestrator.sightings import StoreNotAllowed, StorePolicy
+from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, check_headers, verify
 
 PING_PATH = "/v1/ping"
@@ -54,13 +54,13 @@ class Pong(BaseModel):
 
 
 def answer_ping(body: bytes, policy: StorePolicy) -> Pong:
-    """The answer to a signed ping's `body`; raises ``ValueError`` when it is not a ping."""
+    """The answer to a signed ping's `body`; raises `PayloadError` when it is not a ping."""
     try:
         ping = Ping.model_validate_json(body or b"{}")
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise ValueError(f"not a ping: {where}: {first.get('msg', 'invalid')}") from None
+        raise PayloadError(f"not a ping: {where}: {first.get('msg', 'invalid')}") from None
     store = None
     if ping.store is not None:
         try:
@@ -105,6 +105,6 @@ def add_ping_route(app: FastAPI, secret: bytes, policy: StorePolicy, body_timeou
             return JSONResponse({"detail": str(exc)}, status_code=401)
         try:
             pong = answer_ping(raw, policy)
-        except ValueError as exc:
+        except PayloadError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=400)
         return JSONResponse(pong.model_dump(mode="json"))

@@ -6,14 +6,7 @@ from __future__ import annotations
 import anyio
 from fastapi import Request
 
-
-class BodyRefused(Exception):
-    """A body the receiver stopped reading: too large (413) or too slow (408)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+from flaketriage.errors import BodyRefused
 
 
 async def read_body(request: Request, *, limit: int, timeout_s: float, too_large: str) -> bytes:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from flaketriage.errors import PayloadError
 from flaketriage.failure.fingerprint import fingerprint_exception
 from flaketriage.orchestrator.intake import Sighting, cause_key
-from flaketriage.orchestrator.payloads import Parsed, PayloadError, field_of, subject
+from flaketriage.orchestrator.payloads import Parsed, field_of, subject
 from flaketriage.orchestrator.sightings import StorePolicy, is_bundle_id, resolve_bundles
 
 BUNDLE_TAG = "flaketriage.bundle"

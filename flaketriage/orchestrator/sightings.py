@@ -18,7 +18,7 @@ from typing import Any
 
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
-from flaketriage.errors import BundleNotFoundError, FlaketriageError
+from flaketriage.errors import BundleNotFoundError, FlaketriageError, StoreNotAllowed
 from flaketriage.events import FailureEvent
 from flaketriage.orchestrator.intake import Sighting, Trigger, cause_key
 from flaketriage.store import open_store, store_url
@@ -38,10 +38,6 @@ MAX_BUNDLES = 50
 log = logging.getLogger("flaketriage.receiver")
 
 _GITHUB_REPO = re.compile(r"^https://[^/]+/(?P<repo>[^/]+/[^/]+)/actions/runs/")
-
-
-class StoreNotAllowed(FlaketriageError):
-    """An event names a store the service is not configured to read."""
 
 
 class StorePolicy:

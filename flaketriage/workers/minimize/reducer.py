@@ -139,8 +139,9 @@ def _ask(oracle: _Oracle[T], indices: Indices, predicate: Callable[[Sequence[T]]
     return fails
 
 
-class NotMonotone(Exception):
-    """The predicate contradicted monotonicity: a subset failed where a superset passed."""
+class NotMonotone(MinimizeError):
+    """The predicate contradicted monotonicity: a subset failed where a superset passed. Caught
+    where the culprit search is called, which falls back to ddmin."""
 
 
 class SubsetReducer(Generic[T]):
