@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -23,6 +23,9 @@ from hypothesis import HealthCheck, settings
 
 from flaketriage.bundle.manifest import Command, Environment, Failure, Manifest
 from flaketriage.store import LocalStore, MemoryStore, Store
+
+if TYPE_CHECKING:
+    from flaketriage.records import Database
 
 POSTGRES_ADMIN = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 """An admin URL of the PostgreSQL the tests make their databases on (tests/run.sh finds or starts it)."""
@@ -45,6 +48,57 @@ def new_postgres_database(prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- databases: SQLite and PostgreSQL, migrated and empty (tests/records, tests/orchestrator, ...) --
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A database of this session's own on the local PostgreSQL, migrated once, dropped at the end."""
+    from flaketriage.records import Database
+
+    with new_postgres_database("ft_test") as url:
+        database = Database(url)
+        try:
+            database.upgrade()
+            database.dispose()
+            yield url
+        finally:
+            database.dispose()
+
+
+def emptied_database(url: str) -> Database:
+    """The migrated database at `url`, every table emptied."""
+    from sqlalchemy import text
+
+    from flaketriage.records import Base, Database
+
+    database = Database(url)
+    tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
+    with database.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    return database
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """An empty, migrated database of each backend."""
+    from flaketriage.records import Database
+
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path / 'service.db'}")
+        database.upgrade()
+    else:
+        database = emptied_database(request.getfixturevalue("postgres_url"))
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[Database]:
+    """An empty PostgreSQL database, for what only PostgreSQL can do (drop a connection mid-transaction)."""
+    database = emptied_database(postgres_url)
+    yield database
+    database.dispose()
 
 
 # Timing-based checks fail on a loaded 2-core CI runner without saying anything about the code.

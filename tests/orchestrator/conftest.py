@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from httpx2 import Response
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event as sa_event
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
@@ -35,7 +35,6 @@ from flaketriage.settings import load_settings
 from flaketriage.signing import signed_headers
 from flaketriage.store import open_store
 from flaketriage.work.dispatch import MemorySender
-from tests.conftest import new_postgres_database
 
 EVENTS_SECRET = b"events-secret"
 GITHUB_SECRET = b"github-secret"
@@ -50,48 +49,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("FLAKETRIAGE_"):
             monkeypatch.delenv(name)
-
-
-# -- databases ------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A database of this session's own on the local PostgreSQL, migrated once, dropped at the end."""
-    with new_postgres_database("ft_test") as url:
-        database = Database(url)
-        try:
-            database.upgrade()
-            database.dispose()
-            yield url
-        finally:
-            database.dispose()
-
-
-def _emptied(url: str) -> Database:
-    database = Database(url)
-    tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
-    with database.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    return database
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """An empty, migrated database of each backend."""
-    if request.param == "sqlite":
-        database = Database(f"sqlite:///{tmp_path / 'service.db'}")
-        database.upgrade()
-    else:
-        database = _emptied(request.getfixturevalue("postgres_url"))
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def postgres_database(postgres_url: str) -> Iterator[Database]:
-    """An empty PostgreSQL database, for what only PostgreSQL can do (drop a connection mid-transaction)."""
-    database = _emptied(postgres_url)
-    yield database
-    database.dispose()
 
 
 def row_counts(database: Database) -> dict[str, int]:

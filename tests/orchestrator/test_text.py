@@ -5,7 +5,6 @@ records already hold (rows written before this was so) is answered by every read
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -189,19 +188,3 @@ def test_a_value_the_database_refuses_is_a_422_not_an_outage(
     assert receiver.events_total("events", "invalid") == 1
     assert receiver.events_total("events", "database_down") == 0
     assert receiver.counts()["deliveries"] == 0 and receiver.sender.sent == []
-
-
-# -- the functions themselves ---------------------------------------------------------------------
-def test_storable_text_replaces_what_no_column_holds() -> None:
-    from flaketriage.records.text import storable_text
-
-    assert storable_text("plain é \U0001f4a5") == "plain é \U0001f4a5"
-    assert storable_text("a\x00b\ud800c\udcffd") == "a\ufffdb\ufffdc\ufffdd"
-
-
-def test_storable_json_keeps_structure_and_replaces_only_what_cannot_be_held() -> None:
-    from flaketriage.records.text import storable_json
-
-    document = {"k\ud800": ["a\udfff", 1, 2.5, math.nan, math.inf, None, True, {"n": "x\x00"}]}
-
-    assert storable_json(document) == {"k\ufffd": ["a\ufffd", 1, 2.5, None, None, None, True, {"n": "x\x00"}]}

@@ -1,15 +1,21 @@
-"""`Database.transaction` in psycopg's pipeline mode on PostgreSQL: statements read as they would be
-without it, `deferred` ones answered with the COMMIT in one round trip, an error in a deferred
-statement rolls the whole transaction back; on SQLite the same calls behave the same."""
+"""`Database` (`flaketriage.records.database`).
+
+* `Database.transaction` in psycopg's pipeline mode on PostgreSQL: statements read as they would be
+  without it, `deferred` ones answered with the COMMIT in one round trip, an error in a deferred
+  statement rolls the whole transaction back; on SQLite the same calls behave the same.
+* A service process started before its database answers waits for it (`Database.upgrade_when_up`)
+  instead of exiting: workers restarted while PostgreSQL restarts came up as nothing.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from flaketriage.errors import RecordsError
@@ -264,3 +270,35 @@ def test_after_a_lost_connection_the_pooled_ones_are_checked_before_use(
             assert fetch_together(conn, [Query("SELECT 1", {})]) == [[(1,)]]
         database.ping()
         assert _count(database) == 0
+
+
+# -- waiting for the database: `Database.upgrade_when_up` ------------------------------------------
+def test_the_schema_is_made_once_the_database_answers(tmp_path: Path) -> None:
+    path = tmp_path / "service.db"
+    path.mkdir()  # SQLite cannot open a directory: a database that does not answer yet
+    database = Database(f"sqlite:///{path}")
+    said: list[str] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        path.rmdir()  # the database comes up while the process waits
+
+    database.upgrade_when_up(30, say, every_s=0.01)
+
+    assert len(said) == 1 and "FLAKETRIAGE_DATABASE_WAIT_S" in said[0], said
+    assert "cases" in inspect(database.engine).get_table_names()
+    database.dispose()
+
+
+def test_a_database_that_never_answers_is_the_last_error_after_the_wait(tmp_path: Path) -> None:
+    (tmp_path / "service.db").mkdir()
+    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
+    said: list[str] = []
+
+    with pytest.raises(RecordsError, match="could not create or upgrade the schema"):
+        database.upgrade_when_up(0.2, said.append, every_s=0.05)
+
+    assert said, "each failed try is said before the next"
+    with pytest.raises(RecordsError):
+        database.upgrade_when_up(0, said.append)  # no wait: the first failure is the answer
+    database.dispose()
