@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flaketriage.bundle.manifest import Failure, Manifest, Provenance
 from flaketriage.errors import ConfigError
 from flaketriage.store import Store, local_path, open_store, store_url
+from flaketriage.store.base import StoreSettings
 from flaketriage.text.os_strings import OsStr
 
 EVENTS_SCHEMA_VERSION = 1
@@ -69,9 +70,10 @@ class StoreLocation(_Model):
         """The store's canonical URL, as `flaketriage.store.open_store` takes it."""
         return store_url(self.location)
 
-    def open(self, readonly: bool = True) -> Store:
-        """The store the bundle is in (read-only unless asked), through `open_store`."""
-        return open_store(self.url, readonly=readonly)
+    def open(self, readonly: bool = True, *, settings: StoreSettings | None = None) -> Store:
+        """The store the bundle is in (read-only unless asked), through `open_store` with the
+        caller's `settings`."""
+        return open_store(self.url, readonly=readonly, settings=settings)
 
 
 class FailureSummary(_Model):

@@ -114,7 +114,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
         from flaketriage.store.s3 import S3Store
 
         url: str = request.getfixturevalue("s3_url")
-        return S3Store.from_url(url)
+        from flaketriage.settings import load_settings
+
+        return S3Store.from_url(url, settings=load_settings())
     return MemoryStore()
 
 

@@ -250,7 +250,7 @@ class SessionCapture:
     """Writes one bundle per failing test into the store; the source is listed once per session."""
 
     def __init__(self, store_url: str, facts: SessionFacts, settings: Settings) -> None:
-        self.store = open_store(store_url, shared=settings.store_shared)
+        self.store = open_store(store_url, shared=settings.store_shared, settings=settings)
         self.facts = facts
         self.settings = settings
         self._plan: SourcePlan | None = None

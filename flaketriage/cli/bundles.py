@@ -31,16 +31,18 @@ ThreadsOption = Annotated[int, typer.Option("--threads", min=1, max=64, help="Ob
 
 
 def _readonly_store(store: str | None) -> Store:
-    return open_store(settings_for(store).store, readonly=True)
+    settings = settings_for(store)
+    return open_store(settings.store, readonly=True, settings=settings)
 
 
 @app.command("list")
 def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None:
     """List bundles, newest first."""
-    location = settings_for(store).store
+    settings = settings_for(store)
+    location = settings.store
     path = local_path(location)
     missing = path is not None and not _is_dir(path)  # no store yet: nothing captured here
-    index = BundleIndex() if missing else read_index(open_store(location, readonly=True))
+    index = BundleIndex() if missing else read_index(open_store(location, readonly=True, settings=settings))
     for problem in index.problems:  # a damaged entry is said, and never hides the others
         err.print(labelled("warning:", "yellow", problem))
     summaries = index.bundles
@@ -202,8 +204,8 @@ def push_command(
 ) -> None:
     """Copy bundles from the store to another: only the objects it lacks, its index entry last."""
     settings = settings_for(store)
-    source = open_store(settings.store, readonly=True)
-    dest = open_store(to, shared=settings.store_shared)
+    source = open_store(settings.store, readonly=True, settings=settings)
+    dest = open_store(to, shared=settings.store_shared, settings=settings)
     _transferred(copy_bundles(source, dest, bundles, parents=with_parent, threads=threads), "pushed", as_json)
 
 
@@ -221,8 +223,8 @@ def pull_command(
 ) -> None:
     """Copy bundles from another store into the store: only the objects it lacks, its index entry last."""
     settings = settings_for(store)
-    source = open_store(source_url, readonly=True)
-    dest = open_store(settings.store, shared=settings.store_shared)
+    source = open_store(source_url, readonly=True, settings=settings)
+    dest = open_store(settings.store, shared=settings.store_shared, settings=settings)
     _transferred(copy_bundles(source, dest, bundles, parents=with_parent, threads=threads), "pulled", as_json)
 
 

@@ -119,7 +119,7 @@ def check_store(settings: Settings) -> Check:
     if root is not None:
         return _local_store(root, setting)
     try:
-        open_store(url, readonly=True)
+        open_store(url, readonly=True, settings=settings)
     except FlaketriageError as exc:
         return Check("store", "problem", f"{url}: {exc}", setting)
     return Check("store", "ok", f"{url} opens")

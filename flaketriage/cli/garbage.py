@@ -54,7 +54,7 @@ def gc(
     cutoff = timedelta(days=settings.gc_older_than_days)
     if older_than is not None:
         cutoff = parse_duration(older_than)
-    st = open_store(settings.store, readonly=not apply, shared=settings.store_shared)
+    st = open_store(settings.store, readonly=not apply, shared=settings.store_shared, settings=settings)
     database = service_database(settings)
     try:
         keep = retained_bundles(settings, database)

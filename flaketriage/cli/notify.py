@@ -78,7 +78,7 @@ def notify(
             err.print(f"[yellow]warning:[/yellow] {escape(secret_env)} is not set; events cannot be signed")
     notifier = Notifier.from_settings(settings, url=url, secret=secret, timeout_s=timeout, retries=retries)
 
-    st = open_store(settings.store, shared=settings.store_shared)
+    st = open_store(settings.store, shared=settings.store_shared, settings=settings)
     where = StoreLocation.parse(location) if location else None
     ids = list(bundles or [])
     if new:

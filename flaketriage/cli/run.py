@@ -89,7 +89,7 @@ def capture(
     check_timeout(timeout, "--timeout")
     settings = settings_for(store)
     criteria = criteria_from_options(fail_pattern or [], metric, above, below, metrics_file)
-    st = open_store(settings.store, shared=settings.store_shared)
+    st = open_store(settings.store, shared=settings.store_shared, settings=settings)
     request = CaptureRequest(
         argv=command,
         cwd=Path.cwd(),
@@ -163,7 +163,7 @@ def triage(
         if sandbox not in ("auto", "bwrap", "process", "docker"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap, process or docker")
         settings = settings.model_copy(update={"sandbox": sandbox})
-    st = open_store(settings.store, shared=settings.store_shared)
+    st = open_store(settings.store, shared=settings.store_shared, settings=settings)
     sink = open_issue_sink(settings)  # GitHub when FLAKETRIAGE_GITHUB_REPO and credentials are set
     sink.check()  # a wrong token or repository fails now, not after the replays
     policy = VerdictPolicy(

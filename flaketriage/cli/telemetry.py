@@ -75,7 +75,7 @@ def telemetry(
         if sandbox not in ("auto", "bwrap", "process", "docker"):
             raise ConfigError(f"--sandbox {sandbox!r}: choose auto, bwrap, process or docker")
         settings = settings.model_copy(update={"sandbox": sandbox})
-    st = open_store(settings.store, shared=settings.store_shared)
+    st = open_store(settings.store, shared=settings.store_shared, settings=settings)
     manifest = load_manifest(st, bundle)
     policy = telemetry_policy(
         VerdictPolicy(

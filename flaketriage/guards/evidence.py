@@ -124,6 +124,7 @@ class Recorder:
             where if where is not None else self.settings.store,
             relative_to=self.cwd,
             shared=self.settings.store_shared,
+            settings=self.settings,
         )
 
     def record(self, evidence: TripEvidence) -> str:

@@ -64,7 +64,9 @@ class Service:
             dispatcher=intake.dispatcher,
             intake=intake,
             policy=StorePolicy(
-                settings.resolved_allowed_stores(), max_bundles=settings.max_bundles_per_delivery
+                settings.resolved_allowed_stores(),
+                max_bundles=settings.max_bundles_per_delivery,
+                settings=settings,
             ),
             metrics=ServiceMetrics(database),
             intake_queue=IntakeQueue(intake) if intake_queue is None else intake_queue,

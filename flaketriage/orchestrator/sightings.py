@@ -22,6 +22,7 @@ from flaketriage.errors import BundleNotFoundError, FlaketriageError, StoreNotAl
 from flaketriage.events import FailureEvent
 from flaketriage.orchestrator.intake import Sighting, Trigger, cause_key
 from flaketriage.store import open_store, store_url
+from flaketriage.store.base import StoreSettings
 from flaketriage.text.titles import clip
 
 BUNDLE_ID = re.compile(r"[0-9a-f]{12,64}")
@@ -44,9 +45,17 @@ class StorePolicy:
     """The stores the service may read, by canonical URL (the first is where bare bundle ids live),
     and how many bundles one delivery may have read there."""
 
-    def __init__(self, allowed: Sequence[str], *, max_bundles: int = MAX_BUNDLES) -> None:
+    def __init__(
+        self,
+        allowed: Sequence[str],
+        *,
+        max_bundles: int = MAX_BUNDLES,
+        settings: StoreSettings | None = None,
+    ) -> None:
         self.allowed = [store_url(url) for url in allowed]
         self.max_bundles = max_bundles
+        self.settings = settings
+        """The service's settings, with which the default store is opened (S3's endpoint)."""
         if not self.allowed:
             raise StoreNotAllowed("no store is allowed: set FLAKETRIAGE_ALLOWED_STORES or FLAKETRIAGE_STORE")
         # Every event names its store: the answer for the few locations senders use is kept (a
@@ -167,7 +176,7 @@ def _read_bundles(
     if not idents:
         return [], []
     try:
-        store = open_store(policy.default, readonly=True)
+        store = open_store(policy.default, readonly=True, settings=policy.settings)
     except FlaketriageError as exc:  # not created yet (nothing captured), or unreadable
         log.warning("the store %s cannot be read: %s", policy.default, exc)
         return [], [

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO, Self, cast
+from typing import BinaryIO, Protocol, Self, cast
 
 from flaketriage.bundle.manifest import BlobRef
 from flaketriage.errors import CorruptObjectError, ObjectTooLargeError, StoreError
@@ -117,6 +117,17 @@ def check_key(key: str) -> str:
     return key
 
 
+class StoreSettings(Protocol):
+    """What a backend reads from its opener's settings besides the URL (`flaketriage.settings.Settings`
+    has it all): the opener passes them, no backend reads the environment itself."""
+
+    @property
+    def s3_endpoint_url(self) -> str | None: ...
+
+    @property
+    def s3_presign_expiry_s(self) -> int: ...
+
+
 class Store(ABC):
     """A content-addressed store. Subclasses provide raw object and ref I/O, and open their URLs.
 
@@ -130,11 +141,14 @@ class Store(ABC):
 
     @classmethod
     @abstractmethod
-    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> Self:
+    def from_url(
+        cls, url: str, *, readonly: bool = False, shared: bool = False, settings: StoreSettings | None = None
+    ) -> Self:
         """The store at `url`, a canonical URL of this backend's scheme (see `store_url`).
 
         `shared`: what it writes is readable by the group too (backends with file permissions);
-        by default only by the owner.
+        by default only by the owner. `settings`: the opener's, for what the backend reads there
+        (S3: the endpoint, the expiry of links); None: the backend's defaults.
         """
 
     @property

@@ -50,7 +50,7 @@ from flaketriage.files.atomic import (
     write_unsynced,
 )
 from flaketriage.files.modes import FileModes
-from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key
+from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, StoreSettings, check_key
 from flaketriage.store.compression import LEVEL, pays
 from flaketriage.store.registry import local_path
 from flaketriage.store.state import KnownFile, SqliteFileState
@@ -91,7 +91,9 @@ class LocalStore(Store):
         self._unsynced_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> LocalStore:
+    def from_url(
+        cls, url: str, *, readonly: bool = False, shared: bool = False, settings: StoreSettings | None = None
+    ) -> LocalStore:
         path = local_path(url)
         if path is None:
             raise ConfigError(f"{url} is not a local store: LocalStore opens directories and file:// URLs")

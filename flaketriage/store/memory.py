@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from flaketriage.errors import ConfigError, ObjectNotFoundError, StoreError
-from flaketriage.store.base import Store, check_key
+from flaketriage.store.base import Store, StoreSettings, check_key
 from flaketriage.store.state import MemoryFileState
 
 SCHEME = "memory://"
@@ -74,7 +74,9 @@ class MemoryStore(Store):
         self.state = self._space.state
 
     @classmethod
-    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> MemoryStore:
+    def from_url(
+        cls, url: str, *, readonly: bool = False, shared: bool = False, settings: StoreSettings | None = None
+    ) -> MemoryStore:
         if not url.startswith(SCHEME):
             raise ConfigError(f"{url} is not a memory store URL: write {SCHEME}NAME")
         return cls(url[len(SCHEME) :], readonly=readonly)

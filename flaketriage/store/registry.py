@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from flaketriage.errors import ConfigError, MissingDependencyError
-from flaketriage.store.base import Store
+from flaketriage.store.base import Store, StoreSettings
 
 __all__ = ["Backend", "local_path", "open_store", "register_backend", "store_url"]
 
@@ -59,19 +59,22 @@ def open_store(
     *,
     relative_to: Path | None = None,
     shared: bool = False,
+    settings: StoreSettings | None = None,
 ) -> Store:
     """The store at `url`: a directory path or a ``file://``, ``memory://`` or ``s3://`` URL.
 
     A relative path is taken relative to `relative_to` (default: the current directory). A
     read-only store refuses writes, and opening one that does not exist is a `StoreError`. What a
     local store writes is readable by its owner only, or by the group too when `shared`
-    (``FLAKETRIAGE_STORE_SHARED``).
+    (``FLAKETRIAGE_STORE_SHARED``). `settings` are the caller's (the CLI's, a worker's, the
+    receiver's): what a backend reads besides the URL, such as S3's endpoint; without them a backend
+    uses its defaults (it never reads the environment itself).
     Raises `ConfigError` for a URL no backend reads, `MissingDependencyError` when the backend's
     library is not installed.
     """
     canonical = store_url(url, relative_to=relative_to)
     scheme = canonical.partition("://")[0]
-    return _backend_class(scheme).from_url(canonical, readonly=readonly, shared=shared)
+    return _backend_class(scheme).from_url(canonical, readonly=readonly, shared=shared, settings=settings)
 
 
 def store_url(location: str | os.PathLike[str], *, relative_to: Path | None = None) -> str:

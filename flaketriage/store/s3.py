@@ -34,7 +34,7 @@ from flaketriage.errors import (
     StorePermissionError,
     StoreUnreachableError,
 )
-from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, check_key
+from flaketriage.store.base import CHUNK, RAW, ZSTD, Store, StoreSettings, check_key
 from flaketriage.store.compression import LEVEL, pays
 from flaketriage.store.state import KnownFile
 
@@ -164,11 +164,14 @@ class S3Store(Store):
             ) from exc
 
     @classmethod
-    def from_url(cls, url: str, *, readonly: bool = False, shared: bool = False) -> S3Store:
-        from flaketriage.settings import load_settings
-
-        settings = load_settings()
+    def from_url(
+        cls, url: str, *, readonly: bool = False, shared: bool = False, settings: StoreSettings | None = None
+    ) -> S3Store:
+        """The store at `url`, at the endpoint of `settings` (``FLAKETRIAGE_S3_ENDPOINT_URL``; None:
+        AWS S3), its links valid for their ``FLAKETRIAGE_S3_PRESIGN_EXPIRY_S``."""
         bucket, prefix = parse_url(url)
+        if settings is None:
+            return cls(bucket, prefix, readonly=readonly)
         return cls(
             bucket,
             prefix,

@@ -104,7 +104,7 @@ class WorkerEnv:
         )
 
     def store(self, url: str, *, writable: bool = False) -> Store:
-        return open_store(url, readonly=not writable)
+        return open_store(url, readonly=not writable, settings=self.settings)
 
     def replayer(self, store_url: str, manifest: Manifest) -> Replayer:
         """A materialized replayer of the bundle, kept for the next replay of it in this process."""

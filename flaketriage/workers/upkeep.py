@@ -121,7 +121,7 @@ class Upkeep:
         references are kept whatever their age (`flaketriage.store.retention`, as ``flaketriage gc``)."""
         settings = self.env.settings
         report = collect(
-            open_store(settings.store),
+            open_store(settings.store, settings=settings),
             keep=retained_bundles(settings, self.db),
             older_than=timedelta(days=settings.gc_older_than_days),
             apply=True,

@@ -16,6 +16,7 @@ from flaketriage.bundle.io import REF_PREFIX, list_bundles, read_manifest, verif
 from flaketriage.bundle.manifest import FileEntry, Manifest, Source
 from flaketriage.bundle.transfer import copy_bundles
 from flaketriage.errors import BundleNotFoundError, FlaketriageError, StoreError
+from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore, MemoryStore, Store, open_store
 from flaketriage.store.s3 import PART_SIZE, S3Store
 from tests.conftest import S3_BUCKET, S3Server
@@ -47,7 +48,7 @@ def test_local_to_s3_to_local_is_byte_for_byte(
         _bundle(local, make_manifest, {"log": b"loss=nan\n" * 5000, "ckpt": os.urandom(PART_SIZE + 12345)}),
         _bundle(local, make_manifest, {"log": b"loss=nan\n" * 5000, "tiny": b""}, kind="training"),
     ]
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     pushed = copy_bundles(local, remote, ids)
     assert sorted(pushed.bundles) == sorted(ids) and pushed.refs_written == 2
     assert pushed.objects_sent == 5 and pushed.objects_present == 0  # 3 distinct blobs, 2 manifests
@@ -74,7 +75,7 @@ def test_file_lists_travel_with_their_bundle(
         for i in range(3)
     )
     bundle_id = write_bundle(local, make_manifest(source=Source(kind="snapshot", files=files)))
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     report = copy_bundles(local, remote, [bundle_id])
     assert report.objects_sent == 5  # three files, their list, the manifest
     assert verify_bundle(remote, bundle_id).problems == []
@@ -84,7 +85,7 @@ def test_file_lists_travel_with_their_bundle(
 def test_a_second_push_sends_nothing(tmp_path: Path, s3_url: str, make_manifest: MakeManifest) -> None:
     local = LocalStore(tmp_path / "a")
     bundle_id = _bundle(local, make_manifest, {"log": b"x" * 10_000, "data": os.urandom(50_000)})
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     first = copy_bundles(local, remote, [bundle_id])
     assert first.objects_sent == 3 and first.bytes_sent > 50_000
     second = copy_bundles(local, remote, [bundle_id])
@@ -136,7 +137,7 @@ def test_concurrent_pushes_sharing_objects_both_complete(
     def push(bundle_id: str) -> None:
         try:
             start.wait()
-            copy_bundles(local, open_store(s3_url), [bundle_id], threads=4)
+            copy_bundles(local, open_store(s3_url, settings=load_settings()), [bundle_id], threads=4)
         except BaseException as exc:
             errors.append(exc)
 
@@ -146,7 +147,7 @@ def test_concurrent_pushes_sharing_objects_both_complete(
     for t in threads:
         t.join(timeout=120)
     assert errors == []
-    remote = open_store(s3_url, readonly=True)
+    remote = open_store(s3_url, readonly=True, settings=load_settings())
     assert sorted(s.id for s in list_bundles(remote)) == sorted([one, two])
     assert verify_bundle(remote, one).ok and verify_bundle(remote, two).ok
 
@@ -188,7 +189,7 @@ def test_an_interrupted_upload_leaves_no_bundle_and_no_object(
     fine = _bundle(local, make_manifest, {"log": b"fine"}, kind="training")
     ckpt = local.put_bytes(big).sha256
     _break(local, ckpt, after=2 * PART_SIZE + 100, error=OSError(5, "Input/output error"))
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     with pytest.raises(StoreError, match=r"1 of 2 bundle\(s\) were not copied.*Input/output error"):
         copy_bundles(local, remote, [broken, fine])
     assert [s.id for s in list_bundles(remote)] == [fine]  # the other bundle is complete
@@ -205,7 +206,7 @@ def test_ctrl_c_stops_the_copies_and_lists_nothing(
     big = os.urandom(2 * PART_SIZE)
     bundle_id = _bundle(local, make_manifest, {"ckpt": big})
     _break(local, local.put_bytes(big).sha256, after=PART_SIZE + 10, error=KeyboardInterrupt())
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     with pytest.raises(KeyboardInterrupt):
         copy_bundles(local, remote, [bundle_id])
     assert list_bundles(remote) == [] and list(remote.keys()) == []
@@ -225,18 +226,20 @@ def test_a_corrupt_source_object_is_not_copied(tmp_path: Path, make_manifest: Ma
 
 
 def test_pull_from_s3_into_a_local_store(tmp_path: Path, s3_url: str, make_manifest: MakeManifest) -> None:
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     assert isinstance(remote, S3Store)
     bundle_id = _bundle(remote, make_manifest, {"log": b"from the bucket"})
     local = LocalStore(tmp_path / "a")
-    report = copy_bundles(open_store(s3_url, readonly=True), local, [bundle_id[:10]])
+    report = copy_bundles(
+        open_store(s3_url, readonly=True, settings=load_settings()), local, [bundle_id[:10]]
+    )
     assert report.bundles == [bundle_id] and verify_bundle(local, bundle_id).ok
 
 
 def test_a_garbage_manifest_in_the_bucket_is_refused(
     tmp_path: Path, s3_url: str, s3_env: S3Server, make_manifest: MakeManifest
 ) -> None:
-    remote = open_store(s3_url)
+    remote = open_store(s3_url, settings=load_settings())
     bundle_id = _bundle(remote, make_manifest, {"log": b"x"})
     prefix = s3_url.split("/", 3)[3]
     s3_env.client().put_object(

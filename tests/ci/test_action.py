@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from flaketriage.bundle.io import list_bundles, verify_bundle
+from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore, open_store
 from tests.conftest import S3Server
 
@@ -179,7 +180,7 @@ def test_s3_upload_then_signed_events_with_the_run_as_provenance(
     assert set(runner.outputs["bundles"]["ids"].split()) == set(bundles)
     assert not (tmp_path / "aws-calls").exists()  # no AWS CLI needed
     assert "pushed 2 bundle(s)" in runner.logs["upload"]
-    uploaded = open_store(s3_url, readonly=True)
+    uploaded = open_store(s3_url, readonly=True, settings=load_settings())
     assert sorted(s.id for s in list_bundles(uploaded)) == sorted(bundles)
     for bundle_id in bundles:
         assert verify_bundle(uploaded, bundle_id).problems == []
@@ -205,7 +206,9 @@ def test_the_endpoint_input_points_at_an_s3_compatible_server(
     del env["FLAKETRIAGE_S3_ENDPOINT_URL"]
     runner = Runner(tmp_path, {"store": s3_url, "s3-endpoint-url": s3_server.endpoint}, env)
     runner.run(_installed(tmp_path))
-    assert sorted(s.id for s in list_bundles(open_store(s3_url, readonly=True))) == sorted(bundles)
+    assert sorted(
+        s.id for s in list_bundles(open_store(s3_url, readonly=True, settings=load_settings()))
+    ) == sorted(bundles)
 
 
 def test_directory_store_copy_is_a_readable_store(tmp_path: Path, workspace: tuple[Path, list[str]]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flaketriage.bundle.io import REF_PREFIX, read_manifest, write_bundle
 from flaketriage.quarantine import FailureRate, QuarantineDocument, QuarantineEntry, QuarantineEvidence
+from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore, Store, open_store
 from tests.conftest import S3Server, free_port
 
@@ -149,7 +150,7 @@ def test_gc_on_s3(cli, s3_url: str, s3_server: S3Server) -> None:  # type: ignor
     env = s3_server.env
     kept, old = _capture(cli, "raise ValueError('kept')"), _capture(cli, "raise ValueError('old')")
     _json(cli("bundle", "push", kept, old, "--to", s3_url, "--json", env=env))
-    old = _aged(open_store(s3_url), old, days=40)
+    old = _aged(open_store(s3_url, settings=load_settings()), old, days=40)
     dry = _json(cli("gc", "--store", s3_url, "--json", env=env))
     assert dry["bundles"] == [old] and dry["objects"] == [] and dry["skipped_young"]
     done = _json(cli("gc", "--store", s3_url, "--apply", "--grace", "0", "--json", env=env))

@@ -135,12 +135,13 @@ def capture_failures(stack: Stack, count: int) -> list[CapturedFailure]:
     deterministic, odd ones failing only while their marker file exists (removed after capture)."""
     from flaketriage.bundle.io import load_manifest
     from flaketriage.events import FailureEvent, StoreLocation
+    from flaketriage.settings import load_settings
     from flaketriage.store import open_store
 
     store_url = stack.env["FLAKETRIAGE_STORE"]
     failures = []
     with _environment(stack.env):
-        store = open_store(store_url, readonly=True)
+        store = open_store(store_url, readonly=True, settings=load_settings())
         for n in range(count):
             tag = "".join(chr(ord("a") + int(c, 16) % 26) for c in uuid.uuid4().hex[:12])
             marker = stack.root / "markers" / tag
@@ -381,6 +382,7 @@ def _read_end(
     """Fill `report` from the records, the issues directory and the store."""
     import psycopg
 
+    from flaketriage.settings import load_settings
     from flaketriage.store import open_store
 
     with psycopg.connect(stack.env["FLAKETRIAGE_DATABASE_URL"], autocommit=True) as conn:
@@ -404,7 +406,7 @@ def _read_end(
     issues_dir = stack.root / "issues"
     report.issues = {f.fingerprint for f in failures if (issues_dir / f"{f.fingerprint[:16]}.md").is_file()}
     with _environment(stack.env):
-        store = open_store(stack.env["FLAKETRIAGE_STORE"], readonly=True)
+        store = open_store(stack.env["FLAKETRIAGE_STORE"], readonly=True, settings=load_settings())
         report.lost_bundles = [f.bundle for f in failures if not _whole(store, f.bundle)]
 
 

@@ -34,6 +34,7 @@ from flaketriage.errors import (
     StorePermissionError,
     StoreUnreachableError,
 )
+from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore, open_store
 from flaketriage.store import s3 as s3_module
 from flaketriage.store.s3 import PART_SIZE, S3Store, parse_url
@@ -41,7 +42,7 @@ from tests.conftest import S3_BUCKET, S3Server, free_port
 
 
 def _s3(url: str, **options: Any) -> S3Store:
-    store = open_store(url, **options)
+    store = open_store(url, settings=load_settings(), **options)
     assert isinstance(store, S3Store)
     return store
 
@@ -239,6 +240,18 @@ def test_presigned_links_fetch_the_stored_form(s3_url: str, s3_env: S3Server) ->
         store.presigned_url("0" * 64)
 
 
+def test_the_endpoint_is_the_openers_settings_not_the_environment(
+    s3_url: str, s3_env: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`S3Store.from_url` reads no settings itself: its opener's are the ones it uses."""
+    monkeypatch.setenv("FLAKETRIAGE_S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FLAKETRIAGE_S3_PRESIGN_EXPIRY_S", "60")
+    settings = load_settings(s3_endpoint_url=s3_env.endpoint, s3_presign_expiry_s=90)
+    store = open_store(s3_url, settings=settings)
+    assert isinstance(store, S3Store) and store.endpoint_url == s3_env.endpoint
+    assert store.presign_expiry_s == 90
+
+
 def test_the_presign_expiry_setting(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLAKETRIAGE_S3_PRESIGN_EXPIRY_S", "120")
     store = _s3(s3_url)
@@ -293,7 +306,7 @@ def test_a_readonly_store_refuses_writes(s3_url: str) -> None:
 # -- errors -------------------------------------------------------------------------------------
 def test_a_missing_bucket_says_so(s3_env: S3Server) -> None:
     with pytest.raises(StoreNotFoundError, match=r"bucket 'no-such-bucket' does not exist.*create it"):
-        open_store("s3://no-such-bucket/ft")
+        open_store("s3://no-such-bucket/ft", settings=load_settings())
 
 
 def test_a_dead_endpoint_says_what_to_check(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,7 +314,7 @@ def test_a_dead_endpoint_says_what_to_check(s3_env: S3Server, monkeypatch: pytes
     with pytest.raises(
         StoreUnreachableError, match=r"cannot be reached.*FLAKETRIAGE_S3_ENDPOINT_URL"
     ) as caught:
-        open_store(f"s3://{S3_BUCKET}/ft")
+        open_store(f"s3://{S3_BUCKET}/ft", settings=load_settings())
     assert "\n" not in str(caught.value)
 
 
@@ -314,7 +327,7 @@ def test_no_credentials_says_where_they_come_from(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(StoreCredentialsError, match=r"no AWS credentials.*AWS_ACCESS_KEY_ID"):
-        open_store(f"s3://{S3_BUCKET}/ft")
+        open_store(f"s3://{S3_BUCKET}/ft", settings=load_settings())
 
 
 def _client_error(code: str, status: int, operation: str = "HeadObject") -> Exception:
@@ -432,12 +445,13 @@ def test_a_large_upload_and_download_stay_in_bounded_memory(
         f"""
         import os, resource, sys
         from pathlib import Path
+        from flaketriage.settings import load_settings
         from flaketriage.store import open_store
         src = Path({str(tmp_path / "ckpt.bin")!r})
         with src.open("wb") as fh:  # incompressible: every byte of it is sent
             for i in range({size >> 20}):
                 fh.write(os.urandom(1 << 20))
-        store = open_store({s3_url!r})
+        store = open_store({s3_url!r}, settings=load_settings())
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ref = store.put_file(src)
         up = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -10,6 +10,7 @@ import pytest
 
 from flaketriage.errors import ConfigError, MissingDependencyError, StoreError
 from flaketriage.events import StoreLocation
+from flaketriage.settings import load_settings
 from flaketriage.store import (
     LocalStore,
     MemoryStore,
@@ -97,10 +98,10 @@ def test_bad_locations_are_config_errors(url: str, needles: list[str]) -> None:
 def test_s3_urls_open_the_s3_backend(s3_url: str) -> None:
     assert store_url("s3://bucket/prefix/") == "s3://bucket/prefix"  # a known scheme
     assert local_path("s3://bucket/prefix") is None
-    store = open_store(s3_url + "/")
+    store = open_store(s3_url + "/", settings=load_settings())
     assert type(store).__name__ == "S3Store" and store.url == s3_url
     key = store.put_bytes(b"shared").sha256
-    assert open_store(store.url, readonly=True).get_bytes(key) == b"shared"
+    assert open_store(store.url, readonly=True, settings=load_settings()).get_bytes(key) == b"shared"
     with pytest.raises(ConfigError) as caught:
         open_store("nope://x")
     assert "s3://BUCKET/PREFIX" in str(caught.value)  # installed, so offered
@@ -152,8 +153,8 @@ def test_an_event_store_location_resolves_through_open_store(tmp_path: Path, s3_
 
     s3 = StoreLocation.parse("s3://bucket/ft/")
     assert (s3.kind, s3.location, s3.url) == ("s3", "s3://bucket/ft", "s3://bucket/ft")
-    key = open_store(s3_url).put_bytes(b"in a bucket").sha256
-    opened_s3 = StoreLocation.parse(s3_url + "/").open()
+    key = open_store(s3_url, settings=load_settings()).put_bytes(b"in a bucket").sha256
+    opened_s3 = StoreLocation.parse(s3_url + "/").open(settings=load_settings())
     assert opened_s3.readonly and opened_s3.get_bytes(key) == b"in a bucket"
 
 

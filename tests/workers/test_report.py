@@ -28,7 +28,7 @@ from flaketriage.bundle.manifest import (
     Source,
 )
 from flaketriage.errors import ReportError
-from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
+from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, load_settings
 from flaketriage.store import LocalStore, Store
 from flaketriage.workers.report import (
     IssueDraft,
@@ -399,6 +399,7 @@ _UPSERTS = """
 import sys
 from pathlib import Path
 from flaketriage.workers.report import IssueDraft, MarkdownIssueSink
+from flaketriage.settings import load_settings
 sink = MarkdownIssueSink(Path(sys.argv[1]))
 for i in range(int(sys.argv[3])):
     sink.upsert(IssueDraft(fingerprint=sys.argv[4], title="t", body="b", labels=("flaketriage",),
@@ -526,7 +527,7 @@ def test_data_of_an_s3_store_is_linked_by_presigned_urls(s3_url: str, tmp_path: 
 
     from flaketriage.store.s3 import S3Store
 
-    store = S3Store.from_url(s3_url)
+    store = S3Store.from_url(s3_url, settings=load_settings())
     manifest = issue_manifest(store)
     big = b"id,x\n" + b"".join(b"%d,%d\n" % (i, i * i) for i in range(3000))
     minimal = _with_data(store, manifest, ("data/big.csv", big, "csv"))
