@@ -19,7 +19,7 @@ from flaketriage.orchestrator.api_models import (
 )
 from flaketriage.orchestrator.run_links import linked_cases
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
-from flaketriage.records import Case, Database, QuarantineRow, Work
+from flaketriage.records import Case, Database, QuarantineRow, Work, WorkStatus
 from flaketriage.records.text import storable_json
 
 
@@ -101,7 +101,7 @@ class CaseQuery:
             )
 
 
-UNDER_WAY = ("queued", "running", "waiting")
+UNDER_WAY = (WorkStatus.QUEUED.value, WorkStatus.RUNNING.value, WorkStatus.WAITING.value)
 """Work statuses of a step not over (``waiting``: a triage whose replays are out)."""
 _STEPS = {"triage": "verdict"}
 """The step a work row is, where its name is not the step's (a triage is the verdict's replays)."""
@@ -117,7 +117,7 @@ def progress_of(works: Sequence[Work]) -> ProgressView | None:
     triages = [w for w in works if w.step == "triage" and w.id <= work.id]
     replays = triages[-1].replays if triages else []
     done = sum(1 for r in replays if r.outcome is not None)
-    recorded = (work.result or {}).get("progress") if work.status == "running" else None
+    recorded = (work.result or {}).get("progress") if work.status == WorkStatus.RUNNING.value else None
     recorded = recorded if isinstance(recorded, dict) else {}
     planned = recorded.get("planned")
     return ProgressView(

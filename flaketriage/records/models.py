@@ -79,8 +79,12 @@ class CaseStatus(StrEnum):
 
 
 class WorkStatus(StrEnum):
+    """Where a step stands: ``queued → running → done``, or ``failed`` with the error; a triage
+    whose replays are out is ``waiting`` (the last replay to finish sends it on)."""
+
     QUEUED = "queued"
     RUNNING = "running"
+    WAITING = "waiting"
     DONE = "done"
     FAILED = "failed"
 

@@ -309,7 +309,7 @@ class Dispatcher:
             ).all()
             waiting = session.scalars(
                 select(Work).where(
-                    Work.status == "waiting",
+                    Work.status == WorkStatus.WAITING.value,
                     Work.sent_at < due,
                     ~select(ReplayRow.id)
                     .where(ReplayRow.work_id == Work.id, ReplayRow.outcome.is_(None))

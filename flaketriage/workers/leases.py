@@ -17,9 +17,6 @@ from flaketriage.records import Database, Work, WorkStatus
 from flaketriage.records.models import utc_now
 from flaketriage.work.dispatch import LEASE_S
 
-WAITING = "waiting"
-"""A triage whose replays are out: the last replay to finish sends it on."""
-
 
 def claim(database: Database, work_id: int) -> bool:
     """Take `work_id` for this worker; False when another holds it or it is finished."""
@@ -31,7 +28,7 @@ def claim(database: Database, work_id: int) -> bool:
             .where(
                 Work.id == work_id,
                 or_(
-                    Work.status.in_([WorkStatus.QUEUED.value, WAITING]),
+                    Work.status.in_([WorkStatus.QUEUED.value, WorkStatus.WAITING.value]),
                     (Work.status == WorkStatus.RUNNING.value) & (Work.heartbeat_at < expired),
                 ),
             )
@@ -52,7 +49,7 @@ def release(database: Database, work_id: int, status: str, **values: object) -> 
     extra: dict[str, object] = {"status": status, "heartbeat_at": None, **values}
     if status in (WorkStatus.DONE.value, WorkStatus.FAILED.value):
         extra.setdefault("finished_at", now)
-    if status in (WorkStatus.QUEUED.value, WAITING):
+    if status in (WorkStatus.QUEUED.value, WorkStatus.WAITING.value):
         extra.setdefault("sent_at", now)
     with database.session() as session:
         session.execute(

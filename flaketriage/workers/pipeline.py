@@ -42,7 +42,7 @@ from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.comments import Commenter
 from flaketriage.workers.cost import CostMeter, PhaseCost, TriageCost
 from flaketriage.workers.gpus import gpu_difference
-from flaketriage.workers.leases import WAITING, Heartbeat, claim, release
+from flaketriage.workers.leases import Heartbeat, claim, release
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.progress import TriageProgress, replay_summary
@@ -223,7 +223,9 @@ class Pipeline:
                 outgoing.extend(self._decided(session, work_id, manifest, result))
                 state = "decided"
             elif pending:
-                _set_work(session, work_id, status=WAITING, heartbeat_at=None, sent_at=utc_now())
+                _set_work(
+                    session, work_id, status=WorkStatus.WAITING.value, heartbeat_at=None, sent_at=utc_now()
+                )
                 state = "waiting"
             else:
                 wanted = min(self.env.settings.replay_batch, policy.max_replays - len(rows))
@@ -243,7 +245,9 @@ class Pipeline:
                         queue=replay_queue(manifest),
                     )
                 )
-                _set_work(session, work_id, status=WAITING, heartbeat_at=None, sent_at=utc_now())
+                _set_work(
+                    session, work_id, status=WorkStatus.WAITING.value, heartbeat_at=None, sent_at=utc_now()
+                )
                 state = f"sent {wanted} replays"
         self.env.dispatcher.send(outgoing)
         return state
@@ -358,7 +362,7 @@ class Pipeline:
                 .select_from(ReplayRow)
                 .where(ReplayRow.work_id == work_id, ReplayRow.outcome.is_(None))
             )
-            if changed and not pending and work is not None and work.status == WAITING:
+            if changed and not pending and work is not None and work.status == WorkStatus.WAITING.value:
                 work.sent_at = utc_now()
                 outgoing.append(Outgoing(task_name(Step.TRIAGE), WorkOrder(work_id=work_id), work.queue))
         self.env.dispatcher.send(outgoing)
