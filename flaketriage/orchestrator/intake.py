@@ -35,6 +35,7 @@ from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
 from flaketriage.records.text import storable_json, storable_text
+from flaketriage.records.transitions import case_follows, case_queued
 from flaketriage.settings import Settings
 from flaketriage.work.dispatch import Dispatcher, Outgoing, TaskSender, WorkRequest
 from flaketriage.work.messages import Queue, Step
@@ -315,8 +316,7 @@ class Intake:
                     continue
                 works.append(sent.order.work_id)
                 outgoing.append(sent)
-                case = triage.case
-                case.status, case.error, case.storm_of = CaseStatus.QUEUED.value, None, None
+                case_queued(triage.case)
             if works:
                 delivery.row["outcome"] = IntakeOutcome.ACCEPTED.value
             delivery.work = tuple(works)
@@ -361,8 +361,7 @@ class Intake:
         # Later sightings in this batch see the triage this one starts, as they would have seen it
         # committed had they come one at a time: a case triaged itself follows no storm leader (a
         # storm follower that a request triages leads the storms after it).
-        case.status, case.last_triage_at = CaseStatus.QUEUED.value, batch.now
-        case.error, case.storm_of = None, None
+        case_queued(case, triaged_at=batch.now)
         return _Triage(case, key, sighting, options)
 
     def _triage_key(
@@ -376,8 +375,7 @@ class Intake:
         if new or case.status == CaseStatus.OPEN.value:
             leader = self._storm_leader(batch, case)
             if leader is not None:
-                case.storm_of = leader.id
-                case.status = leader.status
+                case_follows(case, leader)
                 return None
             return f"g{case.generation}"
         status, last = case.status, case.last_triage_at

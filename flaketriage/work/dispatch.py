@@ -26,6 +26,7 @@ from flaketriage.errors import BrokerError
 from flaketriage.records import Database, ReplayRow, Work, WorkStatus
 from flaketriage.records.bulk import insert_rows
 from flaketriage.records.models import utc_now
+from flaketriage.records.transitions import work_resent
 from flaketriage.work.messages import (
     SEND_TASKS_TASK,
     Queue,
@@ -317,9 +318,7 @@ class Dispatcher:
                 )
             ).all()
             for work in [*works, *waiting]:
-                work.sent_at = now
-                if work.status == WorkStatus.RUNNING.value:
-                    work.status = WorkStatus.QUEUED.value
+                work_resent(work, now=now)
                 resend.append(Outgoing(task_name(work.step), WorkOrder(work_id=work.id), work.queue))
             stale_replays = session.execute(
                 select(ReplayRow, Work.queue)

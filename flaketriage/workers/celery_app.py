@@ -38,9 +38,10 @@ from flaketriage.work.messages import (
 )
 from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.comments import open_commenter
-from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report.backend import open_issue_sink
+from flaketriage.workers.runtime import WorkerEnv
 from flaketriage.workers.sandbox import make_sandbox
 from flaketriage.workers.upkeep import Upkeep
 

@@ -16,15 +16,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import logging
-import os
-import socket
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -32,113 +26,38 @@ from sqlalchemy.orm import Session
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
-from flaketriage.records import Case, CaseStatus, Database, QuarantineRow, ReplayRow, Work, WorkStatus
+from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work, WorkStatus
 from flaketriage.records.models import utc_now
-from flaketriage.settings import Settings
-from flaketriage.store import Store, open_store
-from flaketriage.work.dispatch import Dispatcher, Outgoing
+from flaketriage.records.transitions import (
+    case_decided,
+    case_failed,
+    case_fixed,
+    case_reported,
+    case_triaging,
+    work_done,
+    work_queued,
+    work_row_done,
+    work_waiting,
+)
+from flaketriage.work.dispatch import Outgoing
 from flaketriage.work.messages import Queue, Step, WorkOrder, task_name
-from flaketriage.workers.attribution import RunnerIdentity
-from flaketriage.workers.comments import Commenter
-from flaketriage.workers.cost import CostMeter, PhaseCost, TriageCost
+from flaketriage.workers.cost import CostMeter, TriageCost
+from flaketriage.workers.evidence import cost_of, findings_of, hang_of
 from flaketriage.workers.gpus import gpu_difference
 from flaketriage.workers.leases import Heartbeat, claim, release
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.progress import TriageProgress, replay_summary
 from flaketriage.workers.quarantine.records import RecordsQuarantine
-from flaketriage.workers.replay import ReplayContext, Replayer, Variant
-from flaketriage.workers.report import IssueSink
-from flaketriage.workers.report.render import evidence_line, render_comment
+from flaketriage.workers.replay import Replayer, Variant
+from flaketriage.workers.report.render import render_comment, render_lift
 from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
-from flaketriage.workers.sandbox import Sandbox
+from flaketriage.workers.runtime import WorkerEnv, replay_queue
 from flaketriage.workers.telemetry import TelemetryRun, telemetry_policy
-from flaketriage.workers.triage import (
-    Finding,
-    TriageResult,
-    decide,
-    drawn_seed_argv,
-    report,
-    should_minimize,
-    triage,
-)
-from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy
+from flaketriage.workers.triage import TriageResult, decide, drawn_seed_argv, report, should_minimize, triage
+from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict
 
 log = logging.getLogger("flaketriage.workers")
-
-REPLAYERS_KEPT = 4
-"""Materialized bundles a worker process keeps, most recently used first: the replays of one
-triage reuse one workspace instead of materializing it for every run."""
-
-
-@dataclass
-class WorkerEnv:
-    """What one worker process works with, built once per process."""
-
-    settings: Settings
-    database: Database
-    dispatcher: Dispatcher
-    sandbox: Sandbox
-    sink: IssueSink | None
-    commenter: Commenter | None
-    context: ReplayContext
-    identity: RunnerIdentity = field(default_factory=RunnerIdentity.local)
-    """The machine this worker replays on: its host and GPUs (`flaketriage.workers.attribution`)."""
-    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    """This worker process, as replay rows name it beside the runner."""
-    _replayers: OrderedDict[tuple[str, str], Replayer] = field(default_factory=OrderedDict)
-
-    @property
-    def runner(self) -> str:
-        """The runner id replays record: the host name plus a digest of its GPUs' UUIDs."""
-        return self.identity.id
-
-    def policy(self, *, max_replays: int | None = None) -> VerdictPolicy:
-        s = self.settings
-        return VerdictPolicy(
-            min_rate=s.min_flaky_rate,
-            max_rate=s.max_flaky_rate,
-            alpha=s.alpha,
-            max_replays=max_replays or s.max_replays,
-            flaky_rate_replays=s.flaky_rate_replays,
-        )
-
-    def store(self, url: str, *, writable: bool = False) -> Store:
-        return open_store(url, readonly=not writable, settings=self.settings)
-
-    def replayer(self, store_url: str, manifest: Manifest) -> Replayer:
-        """A materialized replayer of the bundle, kept for the next replay of it in this process."""
-        key = (store_url, manifest.bundle_id)
-        found = self._replayers.get(key)
-        if found is not None:
-            self._replayers.move_to_end(key)
-            return found
-        replayer = self.fresh_replayer(store_url, manifest)
-        self._replayers[key] = replayer
-        while len(self._replayers) > REPLAYERS_KEPT:
-            _, old = self._replayers.popitem(last=False)
-            old.close()
-        return replayer
-
-    def fresh_replayer(
-        self, store_url: str, manifest: Manifest, *, latest: bool = False, timeout_s: float | None = None
-    ) -> Replayer:
-        """A new replayer (the caller closes it); with `latest`, at its branch's newest commit;
-        `timeout_s`, when given, is every replay's limit."""
-        return Replayer(
-            self.store(store_url),
-            manifest,
-            self.sandbox,
-            context=self.context,
-            timeout_s=timeout_s,
-            default_timeout_s=self.settings.replay_timeout_s,
-            memory_mb=self.settings.replay_memory_mb,
-            latest=latest,
-        )
-
-    def close(self) -> None:
-        while self._replayers:
-            self._replayers.popitem()[1].close()
 
 
 def rerun_order(work: Work, manifest: Manifest) -> Variant | None:
@@ -149,11 +68,6 @@ def rerun_order(work: Work, manifest: Manifest) -> Variant | None:
     if target is None or not isinstance(polluters, list):
         return None
     return target.variant_with([str(t) for t in polluters])
-
-
-def replay_queue(manifest: Manifest) -> Queue:
-    """Where a bundle's replays run: a failure captured on a GPU needs a GPU runner."""
-    return Queue.GPU if manifest.hardware.gpus else Queue.CPU
 
 
 class Pipeline:
@@ -179,11 +93,11 @@ class Pipeline:
             # The intake cannot read a bundle's hardware: the first step moves the triage to the
             # queue its replays run on, so its decision (and its hardware check) runs there too.
             with self.db.session() as session:
-                _set_work(session, work_id, queue=queue.value, status=WorkStatus.QUEUED.value,
-                          heartbeat_at=None, sent_at=utc_now())  # fmt: skip
+                work_queued(session, work_id, queue=queue.value)
             self.env.dispatcher.send([Outgoing(task_name(Step.TRIAGE), WorkOrder(work_id=work_id), queue)])
             return f"moved to the {queue.value} queue"
-        self._set_case(work.case_id, status=CaseStatus.TRIAGING.value, only_from=(CaseStatus.QUEUED.value,))
+        with self.db.session() as session:
+            case_triaging(session, work.case_id)
         if OrderTarget.of(manifest) is not None or drawn_seed_argv(manifest) is not None:
             return self._triage_whole(work, manifest)
         policy = self.env.policy()
@@ -198,7 +112,11 @@ class Pipeline:
                     break  # outcomes count in replay order, as if they had run one after another
                 test.add(Outcome(row.outcome))
             pending = any(row.outcome is None for row in rows)
-            cost = self._cost(rows, manifest)
+            cost = cost_of(
+                rows,
+                gpus=len(self.env.context.gpus().gpus) if manifest.hardware.gpus else 0,
+                budget_s=self.env.settings.triage_budget_s,
+            )
             # Spent before the test decided: the triage ends undecided here, with the counts so far.
             spent = not test.done and not pending and cost.over_budget()
             if test.done or spent:
@@ -206,8 +124,8 @@ class Pipeline:
                 result = TriageResult(
                     bundle_id=manifest.bundle_id,
                     verdict=test.result(),
-                    findings=_findings(rows),
-                    hang=_hang(rows),
+                    findings=findings_of(rows),
+                    hang=hang_of(rows),
                     # Checked on the runner that decides: a GPU bundle's replays and decision all
                     # run on the gpu queue.
                     hardware_difference=(
@@ -223,9 +141,7 @@ class Pipeline:
                 outgoing.extend(self._decided(session, work_id, manifest, result))
                 state = "decided"
             elif pending:
-                _set_work(
-                    session, work_id, status=WorkStatus.WAITING.value, heartbeat_at=None, sent_at=utc_now()
-                )
+                work_waiting(session, work_id)
                 state = "waiting"
             else:
                 wanted = min(self.env.settings.replay_batch, policy.max_replays - len(rows))
@@ -245,9 +161,7 @@ class Pipeline:
                         queue=replay_queue(manifest),
                     )
                 )
-                _set_work(
-                    session, work_id, status=WorkStatus.WAITING.value, heartbeat_at=None, sent_at=utc_now()
-                )
+                work_waiting(session, work_id)
                 state = f"sent {wanted} replays"
         self.env.dispatcher.send(outgoing)
         return state
@@ -290,16 +204,11 @@ class Pipeline:
         work = session.get(Work, work_id)
         assert work is not None
         data = result.to_json()
-        work.result = data
-        work.status = WorkStatus.DONE.value
-        work.finished_at = utc_now()
-        work.heartbeat_at = None
+        work_row_done(work, result=data)
         case = session.get(Case, work.case_id) if work.case_id else None
         guess = result.budget_spent and not result.verdict.decided  # the budget stopped it: no verdict
         if case is not None:
-            case.verdict = None if guess else str(result.verdict.verdict)
-            case.status = CaseStatus.DECIDED.value
-            case.evidence = data
+            case_decided(case, verdict=None if guess else str(result.verdict.verdict), evidence=data)
         next_step = Step.REPORT
         queue: Queue | str = Queue.REPORT
         if work.options.get("minimize") and not guess and should_minimize(manifest, result.verdict):
@@ -394,17 +303,14 @@ class Pipeline:
                     minimized, error = None, str(exc)
             outgoing: list[Outgoing | None] = []
             with self.db.session() as session:
-                _set_work(
+                work_done(
                     session,
                     work_id,
-                    status=WorkStatus.DONE.value,
                     result={
                         "minimized": minimized.to_json() if minimized else None,
                         "error": error,
                         "cost": meter.cost.to_json(),  # the triage's with minimization's
                     },
-                    finished_at=utc_now(),
-                    heartbeat_at=None,
                 )
                 _, sent = self.env.dispatcher.request(
                     session,
@@ -471,21 +377,11 @@ class Pipeline:
                 ).location
             with self.db.session() as session:
                 data = result.to_json()
-                _set_work(
-                    session,
-                    work_id,
-                    status=WorkStatus.DONE.value,
-                    result={**data, "comment": comment},
-                    finished_at=utc_now(),
-                    heartbeat_at=None,
-                )
+                work_done(session, work_id, result={**data, "comment": comment})
                 case = session.get(Case, work.case_id) if work.case_id else None
                 if case is not None:
-                    case.evidence = data
-                    case.status = CaseStatus.REPORTED.value
-                    if ref is not None:
-                        case.report_kind, case.report_url = ref.kind, ref.location
-                    _follow(session, case)
+                    report_ref = (ref.kind, ref.location) if ref is not None else None
+                    case_reported(session, case, evidence=data, report=report_ref)
             return ref.location if ref else "nothing to report"
         except FlaketriageError as exc:
             self._fail(work_id, exc)
@@ -541,8 +437,7 @@ class Pipeline:
                 assert row is not None
                 record_replay(session, self.env.identity, replays=result.verdict.replays)
                 state = after(session, row, result, outgoing)
-                row.status, row.finished_at, row.heartbeat_at = WorkStatus.DONE.value, utc_now(), None
-                row.result = {**result.to_json(), "state": state}
+                work_row_done(row, result={**result.to_json(), "state": state})
             self.env.dispatcher.send(outgoing)
             return state
         except FlaketriageError as exc:
@@ -560,7 +455,7 @@ class Pipeline:
             session.delete(row)
             case = session.get(Case, work.case_id) if work.case_id else None
             if case is not None:
-                case.status, case.verdict = CaseStatus.FIXED.value, str(Verdict.NOT_REPRODUCED)
+                case_fixed(case, verdict=str(Verdict.NOT_REPRODUCED))
             if self.env.sink is not None:
                 # Inside the transaction: when closing fails, the quarantine stays and the next
                 # rerun lifts it again (closing a closed issue changes nothing).
@@ -574,9 +469,7 @@ class Pipeline:
     ) -> str:
         case = session.get(Case, work.case_id) if work.case_id else None
         if case is not None and result.verdict.reproductions:
-            case.verdict = str(result.verdict.verdict)
-            case.status = CaseStatus.DECIDED.value
-            case.evidence = result.to_json()
+            case_decided(case, verdict=str(result.verdict.verdict), evidence=result.to_json())
             # Reported like a triage's verdict, from this run's result (its telemetry included).
             _, sent = self.env.dispatcher.request(
                 session,
@@ -627,24 +520,6 @@ class Pipeline:
         finally:
             replayer.meter = None
 
-    def _cost(self, rows: Any, manifest: Manifest) -> TriageCost:
-        """What the finished replays of a triage cost, against ``FLAKETRIAGE_TRIAGE_BUDGET_S``."""
-        verdict = PhaseCost()
-        for row in rows:
-            if row.outcome is None or row.outcome == Outcome.ENVIRONMENT:
-                continue  # still running, or nothing ran
-            verdict.runs += 1
-            verdict.cpu_s += row.cpu_s or 0.0
-            verdict.gpu_s += row.gpu_s or 0.0
-            verdict.wall_s += row.duration_s or 0.0
-            verdict.unmeasured += row.cpu_s is None
-        gpus = len(self.env.context.gpus().gpus) if manifest.hardware.gpus else 0
-        return TriageCost(
-            phases={**TriageCost().phases, "verdict": verdict},
-            gpus=gpus,
-            budget_s=self.env.settings.triage_budget_s,
-        )
-
     def _occurrences(self, case_id: int | None) -> int | None:
         """The times the case was seen, which its issue says too (None: no case, as for a triage
         asked for by id alone)."""
@@ -681,17 +556,6 @@ class Pipeline:
                 line += f"; verdict {case.verdict}"
             return line
 
-    def _set_case(self, case_id: int | None, *, status: str, only_from: tuple[str, ...]) -> None:
-        if case_id is None:
-            return
-        with self.db.session() as session:
-            session.execute(
-                update(Case)
-                .where(Case.id == case_id, Case.status.in_(only_from))
-                .values(status=status)
-                .execution_options(synchronize_session=False)
-            )
-
     def _fail(self, work_id: int, exc: BaseException) -> None:
         log.warning("work %s failed: %s", work_id, exc)
         release(self.db, work_id, WorkStatus.FAILED.value, error=str(exc)[:2000])
@@ -699,16 +563,7 @@ class Pipeline:
             work = session.get(Work, work_id)
             case = session.get(Case, work.case_id) if work is not None and work.case_id else None
             if case is not None:
-                case.status, case.error = (
-                    CaseStatus.FAILED.value,
-                    f"{work.step if work else 'work'}: {exc}"[:2000],
-                )
-
-
-def _set_work(session: Session, work_id: int, **values: Any) -> None:
-    session.execute(
-        update(Work).where(Work.id == work_id).values(**values).execution_options(synchronize_session=False)
-    )
+                case_failed(case, error=f"{work.step if work else 'work'}: {exc}"[:2000])
 
 
 def _replay_row(session: Session, work_id: int, index: int) -> ReplayRow | None:
@@ -724,55 +579,3 @@ def _lock_work(session: Session, database: Database, work_id: int) -> Work | Non
     if not database.is_sqlite:
         query = query.with_for_update()
     return session.scalars(query).first()
-
-
-def _findings(rows: Any) -> list[Finding]:
-    found: dict[str, Finding] = {}
-    for row in rows:
-        if row.outcome == Outcome.ENVIRONMENT and row.summary:
-            key = "environment:" + hashlib.sha256(row.summary.encode("utf-8")).hexdigest()[:16]
-            old = found.get(key)
-            count = (old.count if old else 0) + 1
-            found[key] = Finding(fingerprint=key, kind="environment", summary=row.summary[:1000], count=count)
-        if row.outcome == Outcome.DIFFERENT and row.fingerprint:
-            old = found.get(row.fingerprint)
-            found[row.fingerprint] = Finding(
-                fingerprint=row.fingerprint,
-                kind="failure",
-                summary=(row.summary or "")[:200],
-                count=(old.count if old else 0) + 1,
-            )
-    return list(found.values())
-
-
-def _hang(rows: Any) -> str | None:
-    """Where the replays hung, from the rows' summaries: a reproduction's first, else any's."""
-    hung = [r for r in rows if r.summary and r.outcome in (Outcome.REPRODUCED, Outcome.DIFFERENT)]
-    hung = [r for r in hung if r.outcome == Outcome.REPRODUCED] or hung
-    return hung[0].summary if hung and hung[0].fingerprint else None
-
-
-def _follow(session: Session, leader: Case) -> None:
-    """Cases that joined `leader`'s triage (one cause, other tests) take its verdict."""
-    session.execute(
-        update(Case)
-        .where(Case.storm_of == leader.id)
-        .values(
-            status=leader.status,
-            verdict=leader.verdict,
-            report_kind=leader.report_kind,
-            report_url=leader.report_url,
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-def render_lift(result: TriageResult) -> str:
-    """The comment that closes an issue when isolated reruns show the failure fixed."""
-    v = result.verdict
-    return (
-        f"**Fixed**: the quarantine is lifted. Isolated reruns of the branch as it is now no longer "
-        f"reproduce this failure: {evidence_line(v)}\n\n"
-        f"Bundle `{result.bundle_id[:12]}`. flaketriage closes this issue; it is reopened if the "
-        "failure comes back."
-    )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from flaketriage.store import Store
 from flaketriage.text.os_strings import shell_join
 from flaketriage.workers.attribution import Attribution
 from flaketriage.workers.cost import CostMeter, TriageCost
+from flaketriage.workers.findings import Finding, Findings
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget, PolluterSearch, search_polluters, search_setters
 from flaketriage.workers.quarantine.file import (
@@ -51,32 +51,6 @@ from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, Verdic
 MINIMIZE_MIN_RATE = 0.5
 """A flaky failure is minimized only when it reproduces at least this often: below it, every
 candidate needs so many clean replays that minimization costs more than it tells."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A different failure seen during replays: reported, never counted as a reproduction."""
-
-    fingerprint: str
-    kind: str
-    summary: str
-    count: int
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON object that `from_json` turns back into an equal finding."""
-        return {
-            "fingerprint": self.fingerprint,
-            "kind": self.kind,
-            "summary": self.summary,
-            "count": self.count,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Finding:
-        """The finding `to_json` wrote."""
-        return cls(
-            fingerprint=data["fingerprint"], kind=data["kind"], summary=data["summary"], count=data["count"]
-        )
 
 
 @dataclass
@@ -205,17 +179,17 @@ class SequentialReplays:
         self.variant = variant
         """How every replay differs from the captured run (None: it is the captured run)."""
         self.test = SequentialTest(policy)
-        self._findings: dict[str, Finding] = {}
+        self._findings = Findings()
         self.hang: str | None = None
         """The stacks of the last replay that reproduced a hang (else of the last that hung)."""
         self._hang_outcome: Outcome | None = None
 
     @property
     def findings(self) -> list[Finding]:
-        return list(self._findings.values())
+        return self._findings.found()
 
     def note_finding(self, finding: Finding) -> None:
-        self._findings[finding.fingerprint] = finding
+        self._findings.add(finding)
 
     def run(self, until: int | None = None) -> None:
         """Replay until the test is done (or, given `until`, until that many replays in all)."""
@@ -237,10 +211,7 @@ class SequentialReplays:
             if self.progress:
                 self.progress("replaying", self.test.replays, self.policy.max_replays)
             result = self.replayer.run() if self.variant is None else self.replayer.run(self.variant)
-            if result.outcome is Outcome.DIFFERENT and result.failure is not None:
-                self._note(result.failure)
-            elif result.outcome is Outcome.ENVIRONMENT and result.reason:
-                self._note_environment(result.reason)
+            self._note(result)
             self._note_hang(result.outcome, result.failure)
             self.test.add(result.outcome)
 
@@ -250,22 +221,13 @@ class SequentialReplays:
         if outcome is Outcome.REPRODUCED or self._hang_outcome is not Outcome.REPRODUCED:
             self.hang, self._hang_outcome = failure.traceback, outcome
 
-    def _note_environment(self, reason: str) -> None:
-        key = "environment:" + hashlib.sha256(reason.encode("utf-8")).hexdigest()[:16]
-        old = self._findings.get(key)
-        self._findings[key] = Finding(
-            fingerprint=key, kind="environment", summary=reason[:1000], count=(old.count if old else 0) + 1
-        )
-
-    def _note(self, f: FailureInfo) -> None:
-        old = self._findings.get(f.fingerprint)
-        summary = f"{f.exception_type}: {f.message}" if f.exception_type else (f.detail or f.kind)
-        self._findings[f.fingerprint] = Finding(
-            fingerprint=f.fingerprint,
-            kind=f.kind,
-            summary=summary[:200],
-            count=(old.count if old else 0) + 1,
-        )
+    def _note(self, result: ReplayResult) -> None:
+        f = result.failure
+        if result.outcome is Outcome.DIFFERENT and f is not None:
+            summary = f"{f.exception_type}: {f.message}" if f.exception_type else (f.detail or f.kind)
+            self._findings.replay(result.outcome, summary, fingerprint=f.fingerprint, kind=f.kind)
+        else:
+            self._findings.replay(result.outcome, result.reason, fingerprint=None, kind="environment")
 
 
 def decide(

@@ -23,7 +23,7 @@ from flaketriage.store.gc import collect
 from flaketriage.store.retention import retained_bundles
 from flaketriage.work.dispatch import Outgoing
 from flaketriage.work.messages import Queue, Step
-from flaketriage.workers.pipeline import WorkerEnv, replay_queue
+from flaketriage.workers.runtime import WorkerEnv, replay_queue
 from flaketriage.workers.verdict import Verdict
 
 

@@ -26,9 +26,10 @@ from flaketriage.store import LocalStore
 from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.work.messages import Step
 from flaketriage.workers.attribution import RunnerIdentity
-from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink
+from flaketriage.workers.runtime import WorkerEnv
 from flaketriage.workers.sandbox import ProcessSandbox
 
 

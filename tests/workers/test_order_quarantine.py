@@ -20,9 +20,9 @@ from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
 from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.workers.attribution import RunnerIdentity
-from flaketriage.workers.pipeline import WorkerEnv
 from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
+from flaketriage.workers.runtime import WorkerEnv
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.upkeep import Upkeep
 from tests.workers.service_world import make_world

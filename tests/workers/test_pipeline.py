@@ -30,9 +30,10 @@ from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.work.messages import Step
 from flaketriage.workers.comments import MarkdownCommenter
 from flaketriage.workers.leases import claim
-from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink
+from flaketriage.workers.runtime import WorkerEnv
 from flaketriage.workers.sandbox import ProcessSandbox
 
 

@@ -10,11 +10,12 @@ import pytest
 
 from flaketriage.bundle.manifest import Command, Failure, Manifest
 from flaketriage.workers.attribution import Attribution
+from flaketriage.workers.findings import Finding
 from flaketriage.workers.minimize.minimizer import MinimizeResult
 from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.report import ReportRef
 from flaketriage.workers.report.render import order_command, render_comment
-from flaketriage.workers.triage import Finding, TriageResult
+from flaketriage.workers.triage import TriageResult
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
 
 BUNDLE = "1" * 64

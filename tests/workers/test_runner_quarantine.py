@@ -42,12 +42,13 @@ from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore
 from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.work.messages import Step
-from flaketriage.workers.pipeline import Pipeline, WorkerEnv
+from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.quarantine.file import Quarantine, failed_tests_of
 from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MarkdownIssueSink, MemoryIssueSink, ReportRef
 from flaketriage.workers.report.render import render_comment
+from flaketriage.workers.runtime import WorkerEnv
 from flaketriage.workers.sandbox import ProcessSandbox
 from flaketriage.workers.triage import TriageResult, report
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult

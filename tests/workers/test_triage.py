@@ -23,12 +23,13 @@ from flaketriage.process.child import ProcessResult
 from flaketriage.process.git import Git
 from flaketriage.store import LocalStore
 from flaketriage.workers.cost import PHASES, PhaseCost, TriageCost
+from flaketriage.workers.findings import Finding
 from flaketriage.workers.minimize.minimizer import MinimizeResult
 from flaketriage.workers.polluters import PolluterSearch
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink, ReportKind, ReportRef
 from flaketriage.workers.sandbox import MemorySandbox, SandboxSpec
-from flaketriage.workers.triage import Finding, TriageResult, triage
+from flaketriage.workers.triage import TriageResult, triage
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictPolicy, VerdictResult
 
 AUTHOR = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]

@@ -218,6 +218,17 @@ def render_comment(
     return "\n\n".join(lines)  # captured text is inert or in code, where nothing mentions anyone
 
 
+def render_lift(result: TriageResult) -> str:
+    """The comment that closes an issue when isolated reruns show the failure fixed."""
+    v = result.verdict
+    return (
+        f"**Fixed**: the quarantine is lifted. Isolated reruns of the branch as it is now no longer "
+        f"reproduce this failure: {evidence_line(v)}\n\n"
+        f"Bundle `{result.bundle_id[:12]}`. flaketriage closes this issue; it is reopened if the "
+        "failure comes back."
+    )
+
+
 def _flaky_filed(result: TriageResult, manifest: Manifest | None) -> str:
     """What a flaky verdict's reply says was filed. A failure with no test identity (a script, not a
     test run) has nothing CI can skip: it is marked flaky, with an issue, never said to be skipped."""

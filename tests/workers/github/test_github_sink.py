@@ -16,12 +16,13 @@ import pytest
 from flaketriage.bundle.manifest import Command, Failure, Manifest
 from flaketriage.errors import IssueTrackerError
 from flaketriage.store import LocalStore, MemoryStore
-from flaketriage.workers.pipeline import render_comment, render_lift
+from flaketriage.workers.findings import Finding
 from flaketriage.workers.quarantine.file import Quarantine
 from flaketriage.workers.report import IssueRecord, render_issue
 from flaketriage.workers.report.github_client import GitHubClient
 from flaketriage.workers.report.github_sink import GitHubCommenter, GitHubIssueSink, fit_body
-from flaketriage.workers.triage import Finding, TriageResult, report
+from flaketriage.workers.report.render import render_comment, render_lift
+from flaketriage.workers.triage import TriageResult, report
 from flaketriage.workers.verdict import RateInterval, Verdict, VerdictResult
 from tests.workers.github.conftest import FP, REPO, Clock, config, draft
 from tests.workers.github.stand_in import GitHubStandIn, iter_markers
