@@ -22,6 +22,7 @@ from flaketriage.errors import BundleError, GitError, SandboxError
 from flaketriage.process.git import Git
 from flaketriage.process.replay_env import DETERMINISTIC_ENV, DETERMINISTIC_SETTINGS
 from flaketriage.store import Store
+from flaketriage.text.markdown import code_span, escaped, fenced
 from flaketriage.text.os_strings import has_undecodable, shell_join, shell_word
 from flaketriage.text.printable import printable
 from flaketriage.workers.environment.key import WORKER_PACKAGES, local_project_names
@@ -281,27 +282,20 @@ def _write_logs(store: Store, manifest: Manifest, logs: Path) -> None:
 
 
 # -- README ---------------------------------------------------------------------------------------
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
-
-
 def _md_text(text: str) -> str:
     """`text` as Markdown prose on one line: control characters escaped, and the characters that
     make code, emphasis, links or HTML backslash-escaped."""
-    return _MD_SPECIAL.sub(r"\\\1", printable(text))
+    return escaped(printable(text))
 
 
 def _md_code(text: str) -> str:
     """`text` as one Markdown code span, on one line, whatever backticks it holds."""
-    text = printable(text)
-    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+    return code_span(printable(text))
 
 
 def _md_block(text: str, lang: str) -> list[str]:
     """`text` as a fenced code block whose fence no line of it can close."""
-    fence = "`" * max(3, max(map(len, re.findall(r"`+", text)), default=0) + 1)
-    return [fence + lang, printable(text, keep_newlines=True), fence]
+    return [fenced(printable(text, keep_newlines=True), lang)]
 
 
 def _determinism_note(sitecustomize: bool) -> str:

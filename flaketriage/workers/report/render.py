@@ -27,6 +27,7 @@ from flaketriage.failure.runner_results import is_test_runner
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES
 from flaketriage.store import Store
 from flaketriage.store.registry import local_path
+from flaketriage.text.markdown import code_span, fenced, inert, unmention
 from flaketriage.text.os_strings import shell_join
 from flaketriage.text.titles import clip
 from flaketriage.workers.cost import TriageCost
@@ -162,7 +163,7 @@ def issue_title(manifest: Manifest, verdict: str | None = None) -> str:
     room = MAX_TITLE - len(TITLE_PREFIX) - len(suffix)
     where = _clip(_one_line(where), max(20, room // 2))
     head = f"{where}: " if where else ""
-    return _unmention(TITLE_PREFIX + head + _clip(what, room - len(head)) + suffix, "\u200b")
+    return unmention(TITLE_PREFIX + head + _clip(what, room - len(head)) + suffix, "\u200b")
 
 
 def _user_frame(traceback: str | None) -> str | None:
@@ -179,14 +180,6 @@ def _one_line(text: str) -> str:
 
 def _clip(text: str, limit: int) -> str:
     return clip(text, limit)  # at a word: the body shows the whole
-
-
-_MENTION_RE = re.compile(r"@(?=[A-Za-z0-9_])")
-
-
-def _unmention(text: str, breaker: str = "&#8203;") -> str:
-    """`text` with a zero-width space after every ``@`` that could start a mention or team name."""
-    return _MENTION_RE.sub("@" + breaker, text)
 
 
 # -- the reply ------------------------------------------------------------------------------------
@@ -261,9 +254,9 @@ def _reply_findings(
     if kind == "order_dependent":
         return _reply_order(result, manifest, order, quarantined)
     if kind == "flaky":
-        return [_flaky_filed(result, manifest), "Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
+        return [_flaky_filed(result, manifest), "Replay it:", fenced(f"flaketriage triage {bundle}", "bash")]
     if kind == "deterministic":
-        return [*_reply_minimized(result), "Reproduce it:", _fence(_repro_commands(result, manifest), "bash")]
+        return [*_reply_minimized(result), "Reproduce it:", fenced(_repro_commands(result, manifest), "bash")]
     if kind == "environment_specific":
         runners = result.attribution.lines() if result.attribution is not None else []
         shown = [f"- {inert(_clip(line, MAX_LINE))}" for line in runners]
@@ -272,21 +265,21 @@ def _reply_findings(
             "machines, drivers and GPUs before the code.",
             *(["Replays by runner:", "\n".join(shown)] if shown else []),
             "Reproduce it (on a runner like the one it failed on):",
-            _fence(_repro_commands(result, manifest), "bash"),
+            fenced(_repro_commands(result, manifest), "bash"),
         ]
     if kind == "environment":
         return [
             "Nothing was decided or filed; the reason is below. Fix the environment (or set "
             "`FLAKETRIAGE_ENVIRONMENT=worker`) and triage it again:",
-            _fence(f"flaketriage triage {bundle}", "bash"),
+            fenced(f"flaketriage triage {bundle}", "bash"),
         ]
     if kind == "not_reproduced":
         return [
             f"Nothing was filed: it passed every replay, so its rate is at most "
             f"{_percent(result.verdict.rate.high)} (95%). A longer telemetry run is the next step:",
-            _fence(f"flaketriage telemetry {bundle}", "bash"),
+            fenced(f"flaketriage telemetry {bundle}", "bash"),
         ]
-    return ["Replay it:", _fence(f"flaketriage triage {bundle}", "bash")]
+    return ["Replay it:", fenced(f"flaketriage triage {bundle}", "bash")]
 
 
 def _reply_order(
@@ -302,7 +295,7 @@ def _reply_order(
         found = [f"{what}:", "\n".join(f"- {_code(p)}" for p in order.polluters)]
     found += [
         "Reproduce it in order:" if order.kind == "polluters" else "It passes with them first, in order:",
-        _fence(order_command(victim, order), "bash"),
+        fenced(order_command(victim, order), "bash"),
     ]
     if quarantined:
         found.append(
@@ -424,7 +417,7 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
                 "",
                 "It passes with these tests first, in this order (and fails without them):",
                 "",
-                _fence(order_command(victim, order, polluters), "bash"),
+                fenced(order_command(victim, order, polluters), "bash"),
             ]
         )
     if order is not None and order.itself:
@@ -437,7 +430,7 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
                 "",
                 "Reproduce it by running it twice (with pytest-repeat installed):",
                 "",
-                _fence(order_command(victim, order, polluters), "bash"),
+                fenced(order_command(victim, order, polluters), "bash"),
             ]
         )
     return "\n".join(
@@ -451,7 +444,7 @@ def _order(manifest: Manifest, polluters: Sequence[str], order: PolluterSearch |
             "",
             "Reproduce it with exactly these tests, in this order:",
             "",
-            _fence(order_command(victim, order, polluters), "bash"),
+            fenced(order_command(victim, order, polluters), "bash"),
         ]
     )
 
@@ -477,7 +470,7 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
     if f.message and (len(" ".join(f.message.split())) > MAX_CELL or "\n" in f.message.strip()):
         # The table's cell is one line, cut at a word; the message itself, whole, is here.
         whole = "\n".join(_clip_line(line) for line in f.message.splitlines())
-        parts += ["", "Message:", "", _fence(whole, "text")]
+        parts += ["", "Message:", "", fenced(whole, "text")]
     if f.traceback:
         lines = [_clip_line(line) for line in f.traceback.rstrip().splitlines()]
         if len(lines) > MAX_TRACEBACK_LINES:
@@ -487,9 +480,9 @@ def _failure(store: Store, manifest: Manifest, tail_lines: int) -> str:
                 *lines[-MAX_TRACEBACK_LINES:],
             ]
         if f.kind == "timeout":  # the stacks dumped before it was killed (flaketriage.process.hangs)
-            parts += ["", "Where it hung:", "", _fence("\n".join(lines), "text")]
+            parts += ["", "Where it hung:", "", fenced("\n".join(lines), "text")]
         else:
-            parts += ["", "Traceback:", "", _fence("\n".join(lines), "pytb")]
+            parts += ["", "Traceback:", "", fenced("\n".join(lines), "pytb")]
     tail = _stderr_tail(store, manifest, tail_lines)
     if tail:
         parts += [
@@ -513,14 +506,14 @@ def _stderr_tail(store: Store, manifest: Manifest, tail_lines: int) -> str | Non
         # The issue is still worth filing without the log; say why it is missing.
         return f"_The stderr log could not be read: {exc}_"
     lines = [_clip_line(line) for line in text.rstrip().splitlines()[-tail_lines:]]
-    return _fence("\n".join(lines), "text") if lines else None
+    return fenced("\n".join(lines), "text") if lines else None
 
 
 def _replay_hang(hang: str | None, manifest: Manifest) -> str | None:
     if not hang or hang == manifest.failure.traceback:
         return None
     lines = [_clip_line(line) for line in hang.rstrip().splitlines()][-MAX_TRACEBACK_LINES:]
-    return "\n".join(["## Where the replays hung", "", _fence("\n".join(lines), "text")])
+    return "\n".join(["## Where the replays hung", "", fenced("\n".join(lines), "text")])
 
 
 def _telemetry(telemetry: Mapping[str, Any] | None) -> str | None:
@@ -644,7 +637,7 @@ def _reproduction(bundle_id: str, minimal: Manifest | None, minimal_bundle_id: s
         "Export a self-contained reproduction (workspace, seeds, `run.sh`, Dockerfile, original logs) "
         "and run it without flaketriage, or replay and triage the bundle again:",
         "",
-        _fence(
+        fenced(
             f"flaketriage bundle export {repro_id} repro && cd repro && bash run.sh\n"
             f"flaketriage triage {bundle_id}",
             "bash",
@@ -687,7 +680,7 @@ def _fetch(bundle_id: str, minimal_bundle_id: str | None, location: str) -> str:
             "",
             f"The bundle {ids} is in the store at {_code(location)}. Where that store is reachable:",
             "",
-            _fence("\n".join(commands), "bash"),
+            fenced("\n".join(commands), "bash"),
         ]
     )
 
@@ -754,13 +747,13 @@ def _data_input(store: Store, data: DataInput, links: _Links, budget: list[int])
     text = _text_of(store, blob.sha256, blob.size) if lang and blob.size <= EXCERPT_SOURCE_BYTES else None
     if text is not None and len(text.encode()) <= budget[0]:
         budget[0] -= len(text.encode())
-        return [head + ":", "", _fence(text.rstrip("\n"), lang or "")]
+        return [head + ":", "", fenced(text.rstrip("\n"), lang or "")]
     lines = [head + f": {links.line(blob.sha256)}"]
     if text is not None and budget[0] > 200:
         excerpt, count = _excerpt(text, budget[0])
         budget[0] -= len(excerpt.encode())
         total = text.count("\n") + (0 if text.endswith("\n") else 1)
-        lines += ["", f"  The first {count} of its {total} lines:", "", _fence(excerpt, lang or "")]
+        lines += ["", f"  The first {count} of its {total} lines:", "", fenced(excerpt, lang or "")]
     return lines
 
 
@@ -825,35 +818,15 @@ def _size(n: int) -> str:
 
 
 # -- Markdown pieces ------------------------------------------------------------------------------
-def _fence(text: str, lang: str = "") -> str:
-    """A fenced code block that survives backticks inside `text`."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{lang}\n{text}\n{fence}"
-
-
 def _inline_or_block(text: str) -> str:
     if "\n" in text or "`" in text:
-        return "\n\n" + _fence(text, "text")
+        return "\n\n" + fenced(text, "text")
     return f"`{text}`"
 
 
 def _code(text: str) -> str:
     """A code span that survives backticks inside `text` (on one line)."""
-    text = " ".join(text.split())
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    ticks = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
-
-
-_PLAIN_ESCAPES = {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`"}
-_PLAIN_RE = re.compile("|".join(re.escape(c) for c in _PLAIN_ESCAPES))
-
-
-def inert(text: str) -> str:
-    """Captured text as inert Markdown: no HTML, links, images or code spans, and no mentions."""
-    return _unmention(_PLAIN_RE.sub(lambda m: _PLAIN_ESCAPES[m.group(0)], text))
+    return code_span(" ".join(text.split()))
 
 
 def _clip_line(line: str) -> str:
