@@ -1,14 +1,17 @@
-"""The service's pipeline driven in-process with workers on several (stand-in) runners.
+"""The service's pipeline driven in-process: the intake, the workers and an in-memory broker, with
+the real sandbox and a real SQLite database.
 
-Like tests/workers/test_pipeline.py's `World`, with one `WorkerEnv` per runner: each has its own
-runner identity (a host name, GPUs) and its own temporary directory for workspaces, so a program
-can tell which runner replays it. `drive` hands each replay task to a runner chosen by
-`route(index)`; every other step runs on the first runner.
+`make_world` builds one `WorkerEnv` per runner. Without identities it is one worker on this machine
+(its own identity and temporary directory); given identities, each runner has its own (a host name,
+GPUs) and its own temporary directory for workspaces, so a program can tell which runner replays it.
+`drive` runs what the pipeline sends until nothing is left: each replay task on the runner chosen by
+`route(index)`, every other step on the first runner; in the order sent, or shuffled, or twice each.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from flaketriage.store import LocalStore
 from flaketriage.work.dispatch import Dispatcher, MemorySender
 from flaketriage.work.messages import Step
 from flaketriage.workers.attribution import RunnerIdentity
+from flaketriage.workers.comments import Commenter
 from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.replay import ReplayContext
 from flaketriage.workers.report import MemoryIssueSink
@@ -43,22 +47,39 @@ class World:
     intake: Intake
     envs: list[WorkerEnv] = field(default_factory=list)
 
-    def capture(self, source: str, *, name: str = "job.py", timeout_s: float | None = None) -> str:
+    @property
+    def env(self) -> WorkerEnv:
+        """The first runner's worker, which runs every step but the replays `drive` routes."""
+        return self.envs[0]
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.env)
+
+    def capture(
+        self,
+        source: str,
+        *args: str,
+        data: list[Path] | None = None,
+        name: str = "job.py",
+        timeout_s: float | None = None,
+    ) -> str:
         project = self.tmp / "project"
         project.mkdir(exist_ok=True)
         (project / name).write_text(source)
         request = CaptureRequest(
-            argv=[sys.executable, name],
+            argv=[sys.executable, name, *args],
             cwd=project,
             limits=SourceLimits(1 << 20, 1 << 24),
             echo=False,
+            data=data or [],
             timeout_s=timeout_s,
         )
         result = run_and_capture(self.store, request)
         assert result.bundle_id, result.process.stderr
         return result.bundle_id
 
-    def announce(self, bundle_id: str) -> int:
+    def announce(self, bundle_id: str, delivery: str | None = None, **extra: object) -> int:
         manifest = json.loads(self.store.get_bytes(bundle_id))
         sighting = Sighting(
             fingerprint=manifest["failure"]["fingerprint"],
@@ -66,20 +87,35 @@ class World:
             title="t",
             bundle_id=bundle_id,
             store_url=self.store.url,
+            **extra,  # type: ignore[arg-type]
         )
-        return self.intake.record("events", bundle_id[:32], "failure.captured", [sighting]).cases[0]
+        result = self.intake.record("events", delivery or bundle_id[:32], "failure.captured", [sighting])
+        return result.cases[0]
 
-    def drive(self, route: Callable[[int], int] = lambda index: 0, limit: int = 2000) -> int:
+    def drive(
+        self,
+        route: Callable[[int], int] = lambda index: 0,
+        *,
+        order: str = "fifo",
+        twice: bool = False,
+        limit: int = 2000,
+    ) -> int:
+        """Run every task sent until none is left; returns how many ran."""
         ran = 0
+        rng = random.Random(7)
         while self.sender.sent and ran < limit:
-            for name, order, _queue in self.sender.take():
-                step = name.split(".", 1)[1]
-                if step == Step.REPLAY:
-                    index = int(order.replay or 0)
-                    Pipeline(self.envs[route(index)]).replay(order.work_id, index)
-                else:
-                    getattr(Pipeline(self.envs[0]), step)(order.work_id)
-                ran += 1
+            batch = self.sender.take()
+            if order == "shuffle":
+                rng.shuffle(batch)
+            for name, work_order, _queue in batch:
+                for _ in range(2 if twice else 1):
+                    step = name.split(".", 1)[1]
+                    if step == Step.REPLAY:
+                        index = int(work_order.replay or 0)
+                        Pipeline(self.envs[route(index)]).replay(work_order.work_id, index)
+                    else:
+                        getattr(self.pipeline, step)(work_order.work_id)
+                    ran += 1
         assert not self.sender.sent, "the pipeline kept sending work"
         return ran
 
@@ -107,7 +143,15 @@ class World:
         self.database.dispose()
 
 
-def make_world(tmp: Path, identities: list[RunnerIdentity], **settings: Any) -> World:
+def make_world(
+    tmp: Path,
+    identities: list[RunnerIdentity] | None = None,
+    *,
+    commenter: Commenter | None = None,
+    **settings: Any,
+) -> World:
+    """A world of one worker per runner in `identities` (None: one, on this machine), whose replies
+    go to `commenter`; `settings` over the tests' (batches of 4 replays, a sweep after a minute)."""
     store = LocalStore(tmp / "store")
     database = Database(f"sqlite:///{tmp / 'service.db'}")
     database.upgrade()
@@ -126,7 +170,7 @@ def make_world(tmp: Path, identities: list[RunnerIdentity], **settings: Any) -> 
         Intake(database, dispatcher, retriage_after_s=3600, storm_window_s=0),
     )
     process = ReplayContext.from_process()
-    for i, identity in enumerate(identities):
+    if identities is None:
         world.envs.append(
             WorkerEnv(
                 settings=config,
@@ -134,7 +178,19 @@ def make_world(tmp: Path, identities: list[RunnerIdentity], **settings: Any) -> 
                 dispatcher=dispatcher,
                 sandbox=ProcessSandbox(),
                 sink=sink,
-                commenter=None,
+                commenter=commenter,
+                context=process,
+            )
+        )
+    for i, identity in enumerate(identities or []):
+        world.envs.append(
+            WorkerEnv(
+                settings=config,
+                database=database,
+                dispatcher=dispatcher,
+                sandbox=ProcessSandbox(),
+                sink=sink,
+                commenter=commenter,
                 context=ReplayContext(
                     base_env=process.base_env, temp_root=tmp / f"runner-{i}", git=process.git
                 ),

@@ -8,135 +8,27 @@ tests/e2e/test_service.py.
 
 from __future__ import annotations
 
-import json
-import random
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from flaketriage.capture.record import CaptureRequest, run_and_capture
-from flaketriage.capture.source import SourceLimits
 from flaketriage.orchestrator.cases import CaseQuery
-from flaketriage.orchestrator.intake import Intake, Sighting
 from flaketriage.quarantine import QuarantineEntry
-from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
-from flaketriage.settings import load_settings
-from flaketriage.store import LocalStore
-from flaketriage.work.dispatch import Dispatcher, MemorySender
+from flaketriage.records import QuarantineRow, Work
 from flaketriage.work.messages import Step
 from flaketriage.workers.comments import MarkdownCommenter
 from flaketriage.workers.leases import claim
-from flaketriage.workers.pipeline import Pipeline
 from flaketriage.workers.replay import ReplayContext
-from flaketriage.workers.report import MemoryIssueSink
-from flaketriage.workers.runtime import WorkerEnv
-from flaketriage.workers.sandbox import ProcessSandbox
-
-
-@dataclass
-class World:
-    tmp: Path
-    store: LocalStore
-    database: Database
-    sender: MemorySender
-    env: WorkerEnv
-    sink: MemoryIssueSink
-    intake: Intake
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return Pipeline(self.env)
-
-    def capture(self, source: str, *args: str, data: list[Path] | None = None, name: str = "job.py") -> str:
-        project = self.tmp / "project"
-        project.mkdir(exist_ok=True)
-        (project / name).write_text(source)
-        request = CaptureRequest(
-            argv=[sys.executable, name, *args],
-            cwd=project,
-            limits=SourceLimits(1 << 20, 1 << 24),
-            echo=False,
-            data=data or [],
-        )
-        result = run_and_capture(self.store, request)
-        assert result.bundle_id, result.process.stderr
-        return result.bundle_id
-
-    def announce(self, bundle_id: str, delivery: str | None = None, **extra: object) -> int:
-        manifest = json.loads(self.store.get_bytes(bundle_id))
-        sighting = Sighting(
-            fingerprint=manifest["failure"]["fingerprint"],
-            kind="bundle",
-            title="t",
-            bundle_id=bundle_id,
-            store_url=self.store.url,
-            **extra,  # type: ignore[arg-type]
-        )
-        result = self.intake.record("events", delivery or bundle_id[:32], "failure.captured", [sighting])
-        return result.cases[0]
-
-    def drive(self, *, order: str = "fifo", twice: bool = False, limit: int = 2000) -> int:
-        """Run every task sent until none is left; returns how many ran."""
-        ran = 0
-        rng = random.Random(7)
-        while self.sender.sent and ran < limit:
-            batch = self.sender.take()
-            if order == "shuffle":
-                rng.shuffle(batch)
-            for name, work_order, _queue in batch:
-                for _ in range(2 if twice else 1):
-                    step = name.split(".", 1)[1]
-                    if step == Step.REPLAY:
-                        self.pipeline.replay(work_order.work_id, int(work_order.replay or 0))
-                    else:
-                        getattr(self.pipeline, step)(work_order.work_id)
-                    ran += 1
-        assert not self.sender.sent, "the pipeline kept sending work"
-        return ran
-
-    def case(self, case_id: int) -> Case:
-        with self.database.session() as s:
-            case = s.get(Case, case_id)
-            assert case is not None
-            return case
-
-    def works(self, case_id: int) -> list[Work]:
-        with self.database.session() as s:
-            return list(s.scalars(select(Work).where(Work.case_id == case_id).order_by(Work.id)).all())
-
-    def replays(self, work_id: int) -> list[ReplayRow]:
-        with self.database.session() as s:
-            return list(
-                s.scalars(select(ReplayRow).where(ReplayRow.work_id == work_id).order_by(ReplayRow.idx))
-            )
+from tests.workers.service_world import World, make_world
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    store = LocalStore(tmp_path / "store")
-    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
-    database.upgrade()
-    sender = MemorySender()
-    settings = load_settings(store=str(tmp_path / "store"), replay_batch=4, sweep_after_s=60)
-    dispatcher = Dispatcher(database, sender, sweep_after_s=60)
-    sink = MemoryIssueSink()
-    env = WorkerEnv(
-        settings=settings,
-        database=database,
-        dispatcher=dispatcher,
-        sandbox=ProcessSandbox(),
-        sink=sink,
-        commenter=MarkdownCommenter(tmp_path / "comments"),
-        context=ReplayContext.from_process(),
-    )
-    intake = Intake(database, dispatcher, retriage_after_s=3600, storm_window_s=0)
-    yield World(tmp_path, store, database, sender, env, sink, intake)
-    env.close()
-    database.dispose()
+    made = make_world(tmp_path, commenter=MarkdownCommenter(tmp_path / "comments"))
+    yield made
+    made.close()
 
 
 DETERMINISTIC = "def main():\n    raise ZeroDivisionError('boom')\n\nmain()\n"
