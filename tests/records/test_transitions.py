@@ -1,11 +1,7 @@
-"""The case and work transitions (`flaketriage.records.transitions`) on SQLite."""
+"""The case and work transitions (`flaketriage.records.transitions`), on SQLite and PostgreSQL
+(the `database` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from flaketriage.records import Case, CaseStatus, Database, Work, WorkStatus
 from flaketriage.records.models import utc_now
@@ -17,14 +13,6 @@ from flaketriage.records.transitions import (
     work_resent,
     work_waiting,
 )
-
-
-@pytest.fixture
-def database(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 def _case(database: Database, status: CaseStatus, **values: object) -> int:
