@@ -140,9 +140,8 @@ def test_the_workers_freeze_is_read_once_per_state_of_its_path(
         raise AssertionError("the freeze was read again although nothing was installed")
 
     monkeypatch.setattr(environments, "installed_packages", slow_scan)
-    started = time.perf_counter()
+    # Read once: a second scan raises above (a wall-clock bound here failed once under load).
     assert worker_key(tmp_path) == first
-    assert time.perf_counter() - started < 0.1
     # An environment cache that holds the worker's freeze still lists and evicts environments only.
     cache = EnvironmentCache(tmp_path, max_bytes=1, builder=FakeBuilder())
     cache.acquire(_key(1)).release()
