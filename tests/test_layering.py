@@ -27,7 +27,9 @@ ALLOWED: dict[str, set[str]] = {
 }
 """What each role may import."""
 
-CORE_PACKAGES = {"bundle", "capture", "failure", "files", "process", "records", "store", "text", "work"}
+CORE_PACKAGES = {
+    "bundle", "capture", "failure", "files", "process", "records", "results", "store", "text", "work",
+}  # fmt: skip
 """The core's packages, each named by its noun."""
 
 CORE_FLAT = {
@@ -39,6 +41,7 @@ CORE_FLAT = {
     "quarantine",
     "settings",
     "signing",
+    "variant",
     "versions",
 }
 """The core modules that stand alone: the error tree, the settings, the messages between the roles
