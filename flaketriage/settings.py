@@ -422,6 +422,49 @@ class Settings(BaseSettings):
         description="The service's garbage collection drops bundles older than this that no open case "
         "or quarantine entry references.",
     )
+    max_results_mb: int = Field(
+        default=64,
+        ge=1,
+        description="Largest results upload (`POST /v1/results`) the service accepts, and largest "
+        "JUnit XML file `flaketriage results upload` reads (larger: refused, nothing recorded).",
+    )
+    storm_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A CI run in which more than this share of its tests failed is recorded as one "
+        "storm (an outage), not as flakiness of each test: its failures open no cases and leave the "
+        "tests' totals alone.",
+    )
+    storm_min_tests: int = Field(
+        default=20, ge=1, description="Runs of fewer tests than this are never storms."
+    )
+    flip_threshold: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="A test whose outcome changes between pass and fail in more than this share of "
+        "its last 50 results (and at least `FLAKETRIAGE_FLIP_MIN_RUNS` of them) is suspected flaky.",
+    )
+    flip_min_runs: int = Field(
+        default=10, ge=2, description="Results a test needs before its flip rate can make it suspect."
+    )
+    resolve_branches: list[str] = Field(
+        default=["main", "master"],
+        description="Branches on which a test that passes again resolves its deterministic case, "
+        "once the sequential test says its failure no longer reproduces (the quarantine lift's test; "
+        "never because time passed).",
+    )
+    results_keep_days: float = Field(
+        default=90.0,
+        gt=0,
+        description="Test results older than this are rolled up into daily totals per test.",
+    )
+    checks_dir: Path | None = Field(
+        default=None,
+        description="Where pull request check runs are written as Markdown files when GitHub is not "
+        "configured. Default: `checks/` beside the store.",
+    )
 
     @field_validator("store", mode="before")
     @classmethod
@@ -476,6 +519,9 @@ class Settings(BaseSettings):
 
     def resolved_issues_dir(self) -> Path:
         return self._beside_store(self.issues_dir, "issues", "issues_dir")
+
+    def resolved_checks_dir(self) -> Path:
+        return self._beside_store(self.checks_dir, "checks", "checks_dir")
 
     def resolved_quarantine_file(self) -> Path:
         return self._beside_store(self.quarantine_file, "quarantine.json", "quarantine_file")

@@ -149,10 +149,25 @@ class CaseLink(BaseModel):
     """The run (``https://<host>/<owner>/<repo>/actions/runs/<id>``) both name."""
 
 
+class CaseImpact(BaseModel):
+    """What a case cost: CI time its test lost, the runs it blocked, and the replays spent on it."""
+
+    ci_lost_s: float
+    """CI seconds its test lost in every variant (failing attempts, and the reruns they caused)."""
+    blocked_runs: int
+    """CI runs its test failed without a quarantine to forgive it."""
+    replay_cpu_s: float
+    """CPU seconds of every replay of the case (every triage, rerun and telemetry run)."""
+    replay_gpu_s: float
+    replays: int
+
+
 class CaseDetail(CaseSummary):
     evidence: dict[str, Any] | None
     cost: TriageCostView | None = None
     """What its latest triage cost: CPU, GPU and wall seconds of the replays, by phase."""
+    impact: CaseImpact | None = None
+    """Its cost to CI and to triage, all told."""
     progress: ProgressView | None = None
     """While work on it runs: the step and the replays done and planned."""
     linked_cases: list[CaseLink] = Field(default_factory=list)
@@ -160,6 +175,76 @@ class CaseDetail(CaseSummary):
     failure, the run (workflow run, check run) it failed in and the other failures captured in it."""
     occurrence_list: list[OccurrenceView]
     triage_runs: list[WorkView]
+
+
+class ResultsAccepted(BaseModel):
+    """An upload of CI results: ``accepted`` (recorded; what it says is being looked at) or
+    ``duplicate`` (its ``upload_id`` was recorded before: nothing changed)."""
+
+    outcome: str
+    upload: int | None
+    tests: int
+    failures: int
+    passed_on_retry: int
+    storm: bool
+    """More than ``FLAKETRIAGE_STORM_SHARE`` of its tests failed: an outage, not flakiness."""
+    work: list[int] = Field(default_factory=list)
+
+
+class TestSummary(BaseModel):
+    """A test in one variant of one repository, with its totals and what its recent results say."""
+
+    __test__ = False
+
+    id: int
+    repository: str
+    test_id: str
+    variant: str
+    first_seen: datetime
+    last_seen: datetime
+    runs: int
+    failures: int
+    passed_on_retry: int
+    """Runs in which it failed, then passed when run again in the same job."""
+    skipped: int
+    blocked_runs: int
+    mean_duration_s: float
+    ci_lost_s: float
+    """CI seconds lost: its failing attempts, and the reruns they caused."""
+    last_outcome: str | None
+    suspected_flaky: bool
+    quarantined: bool
+    case_id: int | None
+
+
+class TestResultView(BaseModel):
+    __test__ = False
+
+    outcome: str
+    attempts: int
+    failed_attempts: int
+    duration_s: float
+    commit: str | None
+    branch: str | None
+    job: str | None
+    run_url: str | None
+    quarantined: bool
+    storm: bool
+    received_at: datetime
+
+
+class TestDetail(TestSummary):
+    """A test's page: its recent results, newest first, and what they say."""
+
+    flaky_commits: int
+    """Commits on which it both failed and passed (in its recent results)."""
+    flip_rate: float
+    """The share of its recent consecutive results whose outcome changed between pass and fail."""
+    recent: list[TestResultView]
+    cases: list[int]
+    """Cases about this test (any source), newest first."""
+    replay_cpu_s: float
+    replay_gpu_s: float
 
 
 class GPUView(BaseModel):

@@ -20,9 +20,10 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import anyio.from_thread
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -51,9 +52,13 @@ from flaketriage.orchestrator.api_models import (
     CaseVerdict,
     Health,
     Problem,
+    ResultsAccepted,
     RunnerSummary,
+    TestDetail,
+    TestSummary,
 )
 from flaketriage.orchestrator.cases import CaseQuery, quarantine_document
+from flaketriage.orchestrator.history import TestQuery, accept_results
 from flaketriage.orchestrator.intake import IntakeOutcome, IntakeResult
 from flaketriage.orchestrator.payloads import DELIVERY_KEY, Parsed
 from flaketriage.orchestrator.ping import add_ping_route
@@ -64,6 +69,7 @@ from flaketriage.orchestrator.sightings import from_event
 from flaketriage.quarantine import QuarantineDocument
 from flaketriage.records import CaseStatus
 from flaketriage.records.text import storable_json
+from flaketriage.results.model import ResultsUpload
 from flaketriage.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, check_headers, verify
 
 MAX_ID = 2**31 - 1
@@ -81,7 +87,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-_SOURCES = {"/v1/events": "events", "/webhooks/github": "github", "/webhooks/sentry": "sentry"}
+_SOURCES = {
+    "/v1/events": "events",
+    "/v1/results": "results",
+    "/webhooks/github": "github",
+    "/webhooks/sentry": "sentry",
+}
 """The write routes, by the source label their deliveries are counted under."""
 
 
@@ -233,7 +244,7 @@ def create_app(service: Service) -> FastAPI:
             refuse("sentry", 401, str(exc), "bad_signature", request.headers.get("Request-ID"), close=True)
         return await body(request)
 
-    _document_with(app, {"FailureEvent": FailureEvent})
+    _document_with(app, {"FailureEvent": FailureEvent, "ResultsUpload": ResultsUpload})
     events_secret = (
         settings.webhook_secret.get_secret_value().encode("utf-8") if settings.webhook_secret else b""
     )
@@ -281,6 +292,102 @@ def create_app(service: Service) -> FastAPI:
         # request is answered once its own delivery is committed and its work sent.
         result = await service.intake_queue.record("events", event.event_id, event.kind, [sighting])
         return answer("events", result, [], event.event_id)
+
+    results_limit = settings.max_results_mb * 1024 * 1024
+    results_too_large = (
+        f"the results are larger than {settings.max_results_mb} MiB (FLAKETRIAGE_MAX_RESULTS_MB): "
+        "upload a sharded suite one shard at a time"
+    )
+
+    @app.post(
+        "/v1/results",
+        status_code=202,
+        response_model=ResultsAccepted,
+        responses={200: {"model": ResultsAccepted, "description": "a duplicate upload"}, **_ERRORS},
+        openapi_extra=_json_body(
+            {"$ref": f"{_COMPONENTS}ResultsUpload"}, headers=(TIMESTAMP_HEADER, SIGNATURE_HEADER)
+        ),
+    )
+    async def post_results(request: Request) -> JSONResponse:
+        """Every test's outcome in one CI job (`flaketriage results upload`, the pytest plugin),
+        signed as events are. Recorded whole or not at all; a repeated ``upload_id`` is a 200 that
+        changes nothing."""
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        signature = request.headers.get(SIGNATURE_HEADER)
+        if not events_secret:
+            refuse("results", 401, "results are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "unsigned",
+                   close=True)  # fmt: skip
+        try:
+            check_headers(timestamp, signature, now=time.time())
+        except SignatureError as exc:
+            refuse("results", 401, str(exc), "bad_signature", close=True)
+        raw = await read_body(
+            request, limit=results_limit, timeout_s=settings.body_timeout_s * 4, too_large=results_too_large
+        )
+        try:
+            verify(events_secret, timestamp, raw, signature, now=time.time())
+        except SignatureError as exc:
+            refuse("results", 401, str(exc), "bad_signature")
+        upload = await anyio.to_thread.run_sync(_results, raw, refuse)
+        answer_ = await anyio.to_thread.run_sync(
+            accept_results, service.database, service.dispatcher, settings, upload
+        )
+        outcome = answer_.outcome
+        service.metrics.events.labels("results", outcome).inc()
+        log.info(
+            "results upload %s: %s; %d tests, %d failed%s",
+            upload.upload_id, outcome, answer_.tests, answer_.failures, " (a storm)" if answer_.storm else "",
+        )  # fmt: skip
+        return JSONResponse(answer_.model_dump(), status_code=202 if outcome == "accepted" else 200)
+
+    @app.get(
+        "/v1/tests",
+        response_model=list[TestSummary],
+        dependencies=[Depends(authorized)],
+        responses={401: _ERRORS[401], 422: _ERRORS[422], 503: _ERRORS[503]},
+    )
+    def list_tests(
+        repository: str | None = None,
+        branch: str | None = None,
+        flaky: bool | None = None,
+        quarantined: bool | None = None,
+        sort: Literal["last_seen", "lost", "failures"] = "last_seen",
+        limit: int = 100,
+    ) -> list[TestSummary]:
+        """Tests per variant with their CI history's totals, most recently seen first (``sort=lost``:
+        the most CI time lost first); filter by ``repository``, ``branch`` (ran there), ``flaky``
+        (suspected by history) and ``quarantined``."""
+        return TestQuery(service.database).list(
+            repository=repository,
+            branch=branch,
+            flaky=flaky,
+            quarantined=quarantined,
+            sort=sort,
+            limit=max(1, min(limit, 1000)),
+        )
+
+    @app.get(
+        "/v1/tests/{test_id}",
+        response_model=TestDetail,
+        dependencies=[Depends(authorized)],
+        responses={
+            401: _ERRORS[401],
+            404: {"model": Problem, "description": "no such test"},
+            422: _ERRORS[422],
+            503: _ERRORS[503],
+        },
+    )
+    def get_test(test_id: int, recent: int = 50) -> TestDetail:
+        """One test in one variant: totals, its latest results (newest first), flaky commits, flip
+        rate, CI time lost, and the cases about it with what their replays cost."""
+        found = (
+            TestQuery(service.database).get(test_id, recent=max(1, min(recent, 500)))
+            if 0 < test_id <= MAX_ID
+            else None
+        )
+        if found is None:
+            raise HTTPProblem(404, f"no test {test_id}; list them at /v1/tests")
+        return found
 
     @app.post(
         "/webhooks/github",
@@ -536,6 +643,19 @@ def _event(raw: bytes, refuse: Refuse) -> FailureEvent:
         return FailureEvent.model_validate(data)
     except ValidationError as exc:
         refuse("events", 422, _validation_text(exc.errors()), "invalid")
+
+
+def _results(raw: bytes, refuse: Refuse) -> ResultsUpload:
+    """The upload in `raw`: 400 for a body that is not a JSON object, 422 naming the fields that
+    are wrong (a value no record can hold, such as a NUL or a lone surrogate, among them)."""
+    try:
+        return ResultsUpload.model_validate_json(raw)
+    except ValidationError as exc:
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            refuse("results", 400, "the body is not JSON: " + _validation_text(exc.errors()), "invalid")
+        if any(e.get("type") == "model_type" and not e.get("loc") for e in exc.errors()):
+            refuse("results", 400, "the body must be a JSON object", "invalid")
+        refuse("results", 422, _validation_text(exc.errors()), "invalid")
 
 
 def _parse(parse: Callable[[], Parsed], source: str, refuse: Refuse) -> Parsed:

@@ -17,6 +17,7 @@ from flaketriage.orchestrator.api_models import (
     TriageCostView,
     WorkView,
 )
+from flaketriage.orchestrator.history import case_impact
 from flaketriage.orchestrator.run_links import linked_cases
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, Work, WorkStatus
@@ -55,6 +56,7 @@ class CaseQuery:
                 **summary(case).model_dump(),
                 evidence=storable_json(case.evidence),
                 cost=_cost(case.evidence),
+                impact=case_impact(session, case),
                 progress=progress_of(case.work_rows),
                 linked_cases=linked_cases(session, case),
                 occurrence_list=[

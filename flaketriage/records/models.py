@@ -11,13 +11,15 @@ one verdict.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -66,10 +68,13 @@ class CaseStatus(StrEnum):
     """Where a case stands: ``queued → triaging → decided → reported``, or ``failed`` with the error.
 
     ``open`` is a case with nothing to replay yet (a failed workflow run that named no bundle);
-    ``fixed`` a case closed as fixed, which a new occurrence reopens and triages again.
+    ``suspected_flaky`` one that CI history calls flaky (it failed and passed on one commit, or its
+    outcome flips) before any replay confirmed it; ``fixed`` a case closed as fixed (its quarantine
+    lifted, or its test passing on its branch), which a new occurrence reopens and triages again.
     """
 
     OPEN = "open"
+    SUSPECTED_FLAKY = "suspected_flaky"
     QUEUED = "queued"
     TRIAGING = "triaging"
     DECIDED = "decided"
@@ -111,7 +116,8 @@ class Case(Base):
     cause_key: Mapped[str | None] = mapped_column(String(64), index=True)
     """The failure without the test that hit it: many tests failing of one cause share it."""
     kind: Mapped[str] = mapped_column(String(16))
-    """``bundle`` (a captured failure), ``workflow`` (a failed GitHub run) or ``sentry``."""
+    """``bundle`` (a captured failure), ``workflow`` (a failed GitHub run), ``sentry``, or
+    ``history`` (a test CI history suspects of flakiness, before any bundle of it was triaged)."""
     title: Mapped[str] = mapped_column(Text, default="")
     test_id: Mapped[str | None] = mapped_column(Text)
     job: Mapped[str | None] = mapped_column(Text)
@@ -270,3 +276,134 @@ class RunnerRow(Base):
     suspect: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     last_case_id: Mapped[int | None] = mapped_column(ForeignKey("cases.id"))
     """The case of the latest such verdict."""
+
+
+BigId = BigInteger().with_variant(Integer, "sqlite")
+"""A 64-bit key (SQLite's rowid is one already, and autoincrements only as ``INTEGER``)."""
+
+
+class UploadRow(Base):
+    """One job's results as uploaded (`flaketriage.results.ResultsUpload`), by its ``upload_id``:
+    an upload sent again is the same row and records nothing. A run in which more than
+    ``FLAKETRIAGE_STORM_SHARE`` of its tests failed is a ``storm`` (an outage, not flakiness)."""
+
+    __tablename__ = "result_uploads"
+    __table_args__ = (Index("ix_result_uploads_commit", "repository", "commit"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    upload_id: Mapped[str] = mapped_column(String(128), unique=True)
+    source: Mapped[str] = mapped_column(String(16))
+    repository: Mapped[str] = mapped_column(String(200))
+    branch: Mapped[str | None] = mapped_column(String(255))
+    commit: Mapped[str | None] = mapped_column(String(64))
+    pull_request: Mapped[int | None] = mapped_column(Integer)
+    run_id: Mapped[str | None] = mapped_column(String(200))
+    run_url: Mapped[str | None] = mapped_column(Text)
+    job: Mapped[str | None] = mapped_column(String(200))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    variant_key: Mapped[str] = mapped_column(Text, default="")
+    tests: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    """Tests whose final outcome failed."""
+    passed_on_retry: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0)
+    storm: Mapped[bool] = mapped_column(Boolean, default=False)
+    received_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class TestRow(Base):
+    """A test in one variant (`flaketriage.variant`) of one repository, with running totals.
+
+    Totals leave out storm runs (an outage says nothing about a test); the results themselves are
+    rows of `ResultRow`, rolled up into `TestDayRow` when they grow old."""
+
+    __test__ = False  # not a pytest test class
+    __tablename__ = "tests"
+    __table_args__ = (Index("ix_tests_repository_seen", "repository", "last_seen"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    """`flaketriage.records.history.test_key` of repository, test id and variant key."""
+    repository: Mapped[str] = mapped_column(String(200))
+    test_id: Mapped[str] = mapped_column(Text)
+    variant_key: Mapped[str] = mapped_column(Text, default="")
+    first_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    last_seen: Mapped[datetime] = mapped_column(default=utc_now)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    """Runs whose final outcome failed (quarantined ones included: they still count)."""
+    passed_on_retry: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+    blocked_runs: Mapped[int] = mapped_column(Integer, default=0)
+    """Runs it failed without a quarantine to forgive it: the job went red because of it."""
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    """The total of its final attempts' durations (the mean is this over ``runs``)."""
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0)
+    """CI seconds lost: its failing attempts and the reruns they caused."""
+    last_outcome: Mapped[str | None] = mapped_column(String(8))
+    suspected_flaky: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    case_id: Mapped[int | None] = mapped_column(ForeignKey("cases.id"))
+    """The case history opened for it (``suspected_flaky``), when it did."""
+
+
+class ResultRow(Base):
+    """One test's result in one upload."""
+
+    __tablename__ = "test_results"
+    __table_args__ = (
+        Index("ix_test_results_test", "test_pk", "id"),
+        Index("ix_test_results_commit", "test_pk", "commit"),
+        Index("ix_test_results_received", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    test_pk: Mapped[int] = mapped_column(ForeignKey("tests.id"))
+    upload_pk: Mapped[int] = mapped_column(ForeignKey("result_uploads.id"), index=True)
+    commit: Mapped[str | None] = mapped_column(String(64))
+    branch: Mapped[str | None] = mapped_column(String(255))
+    outcome: Mapped[str] = mapped_column(String(8))
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    failed_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0)
+    signature: Mapped[str | None] = mapped_column(String(128))
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
+    storm: Mapped[bool] = mapped_column(Boolean, default=False)
+    received_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class TestDayRow(Base):
+    """A test's results of one day, once its rows are rolled up (``FLAKETRIAGE_RESULTS_KEEP_DAYS``)."""
+
+    __test__ = False
+    __tablename__ = "test_days"
+
+    test_pk: Mapped[int] = mapped_column(ForeignKey("tests.id"), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    passed_on_retry: Mapped[int] = mapped_column(Integer, default=0)
+    storm_runs: Mapped[int] = mapped_column(Integer, default=0)
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class CheckRunRow(Base):
+    """The pull request check run of one commit: where it was published, to update it in place."""
+
+    __tablename__ = "check_runs"
+    __table_args__ = (UniqueConstraint("repository", "head_sha", name="uq_check_run_commit"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    repository: Mapped[str] = mapped_column(String(200))
+    head_sha: Mapped[str] = mapped_column(String(64))
+    pull_request: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str | None] = mapped_column(String(16))
+    """``github`` or ``markdown``; None until first published."""
+    location: Mapped[str | None] = mapped_column(Text)
+    """The check run's id, or the Markdown file's path."""
+    url: Mapped[str | None] = mapped_column(Text)
+    conclusion: Mapped[str | None] = mapped_column(String(16))
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now)

@@ -93,9 +93,20 @@ def case_follows(case: CaseState, leader: CaseState) -> None:
     case.status = leader.status
 
 
+def case_suspected(case: CaseState, *, retriage_at: datetime | None = None) -> None:
+    """CI history suspects the case's test of flakiness (it failed and passed on one commit, or its
+    outcome flips); with `retriage_at`, a triage of its bundle is asked for then, to confirm it."""
+    if retriage_at is not None:
+        case_queued(case, triaged_at=retriage_at)
+    case.status = CaseStatus.SUSPECTED_FLAKY.value
+
+
 def case_triaging(session: Session, case_id: int | None) -> None:
-    """The case's triage started: only from ``queued`` (a case decided meanwhile stays decided)."""
-    _set_case_status(session, case_id, CaseStatus.TRIAGING, only_from=(CaseStatus.QUEUED,))
+    """The case's triage started: only from ``queued`` or ``suspected_flaky`` (a case decided
+    meanwhile stays decided)."""
+    _set_case_status(
+        session, case_id, CaseStatus.TRIAGING, only_from=(CaseStatus.QUEUED, CaseStatus.SUSPECTED_FLAKY)
+    )
 
 
 def case_decided(case: Case, *, verdict: str | None, evidence: dict[str, Any]) -> None:
@@ -129,7 +140,8 @@ def case_reported(
 
 
 def case_fixed(case: Case, *, verdict: str) -> None:
-    """Isolated reruns no longer reproduce the case's failure (`verdict`): its quarantine is lifted."""
+    """Isolated reruns, or CI runs on its branch, no longer reproduce the case's failure: it is
+    fixed (recorded with `verdict`), and its quarantine is lifted."""
     case.status, case.verdict = CaseStatus.FIXED.value, verdict
 
 

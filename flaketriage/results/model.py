@@ -31,6 +31,10 @@ MAX_MESSAGE = 2_000
 def _text(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone surrogate)") from None
     return value
 
 
@@ -114,7 +118,7 @@ class TestResult(_Model):
 class ResultsUpload(_Model):
     """The results of one job (or one shard of it) and where it ran."""
 
-    schema_version: Literal[1] = RESULTS_SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     upload_id: str = Field(pattern=r"^[0-9A-Za-z_.:-]{8,128}$")
     """The delivery's key: `upload_key` of what it holds, so a re-sent upload is a duplicate."""
     source: Literal["junit", "pytest"] = "junit"

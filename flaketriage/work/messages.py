@@ -32,6 +32,10 @@ class Step(StrEnum):
     TELEMETRY = "telemetry"
     RERUN = "rerun"
     """An isolation rerun of a quarantined failure: is it fixed?"""
+    HISTORY = "history"
+    """What an upload of CI results says: tests suspected flaky, cases their passes resolve."""
+    CHECK = "check"
+    """Publish (or update in place) a commit's pull request check run."""
 
 
 def task_name(step: Step | str) -> str:

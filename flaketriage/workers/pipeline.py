@@ -44,13 +44,14 @@ from flaketriage.work.messages import Queue, Step, WorkOrder, task_name
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.evidence import cost_of, findings_of, hang_of
 from flaketriage.workers.gpus import gpu_difference
+from flaketriage.workers.history import HistoryReader
 from flaketriage.workers.leases import Heartbeat, claim, release
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget
 from flaketriage.workers.progress import TriageProgress, replay_summary
 from flaketriage.workers.quarantine.records import RecordsQuarantine
 from flaketriage.workers.replay import Replayer, Variant
-from flaketriage.workers.report.render import render_comment, render_lift
+from flaketriage.workers.report.render import render_comment, render_lift, render_resolved
 from flaketriage.workers.runners import attribute_triage, record_attribution, record_replay
 from flaketriage.workers.runtime import WorkerEnv, replay_queue
 from flaketriage.workers.telemetry import TelemetryRun, telemetry_policy
@@ -383,6 +384,36 @@ class Pipeline:
                     report_ref = (ref.kind, ref.location) if ref is not None else None
                     case_reported(session, case, evidence=data, report=report_ref)
             return ref.location if ref else "nothing to report"
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    # -- CI history ----------------------------------------------------------------------------
+    def history(self, work_id: int) -> str:
+        """Read an upload of CI results (`flaketriage.workers.history`): tests suspected flaky,
+        deterministic cases fixed on their branch, and the pull request's check run."""
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            with self.db.session() as session:
+                work = session.get(Work, work_id)
+                assert work is not None
+                reader = HistoryReader(session, self.env.dispatcher, self.env.settings, self.env.policy())
+                findings = reader.read(int(work.options.get("upload", 0)))
+                for case_id in findings.resolved:
+                    case = session.get(Case, case_id)
+                    if case is not None and self.env.sink is not None:
+                        # Inside the transaction, as a lift is: should closing fail, the next run
+                        # that passes resolves it again (closing a closed issue changes nothing).
+                        self.env.sink.close(
+                            case.fingerprint,
+                            render_resolved(
+                                str(case.test_id), str(findings.branch), findings.passes[case_id]
+                            ),
+                        )
+                work_row_done(work, result=findings.to_json())
+            self.env.dispatcher.send(reader.outgoing)
+            return findings.summary()
         except FlaketriageError as exc:
             self._fail(work_id, exc)
             return "failed"

@@ -222,6 +222,15 @@ def render_lift(result: TriageResult) -> str:
     )
 
 
+def render_resolved(test_id: str, branch: str, passes: int) -> str:
+    """The comment that closes a deterministic failure's issue when CI shows its test passing again."""
+    return (
+        f"**Fixed**: {code_span(test_id)} passed {passes} times in a row on {code_span(branch)} since "
+        "this failure was last seen, and the sequential test says it no longer reproduces (the test "
+        "that lifts a quarantine). flaketriage closes this issue; it is reopened if the failure comes back."
+    )
+
+
 def _flaky_filed(result: TriageResult, manifest: Manifest | None) -> str:
     """What a flaky verdict's reply says was filed. A failure with no test identity (a script, not a
     test run) has nothing CI can skip: it is marked flaky, with an issue, never said to be skipped."""

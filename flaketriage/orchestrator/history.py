@@ -1,0 +1,247 @@
+"""CI history at the service: recording an upload of results (``POST /v1/results``) and answering
+``GET /v1/tests`` and ``GET /v1/tests/{id}``.
+
+An upload is recorded in one transaction with the work it starts: a ``history`` step that looks at
+what it says (tests suspected flaky, deterministic cases whose tests pass again, the pull
+request's check run), so the receiver only writes rows and answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from flaketriage.orchestrator.api_models import (
+    CaseImpact,
+    ResultsAccepted,
+    TestDetail,
+    TestResultView,
+    TestSummary,
+)
+from flaketriage.quarantine import QuarantineEntry
+from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
+from flaketriage.records.history import HistoryStats, recent_results, record_upload
+from flaketriage.records.models import ResultRow, TestRow, UploadRow
+from flaketriage.results.model import ResultsUpload
+from flaketriage.settings import Settings
+from flaketriage.variant import parse_variant, variant_covers
+from flaketriage.work.dispatch import Dispatcher, Outgoing
+from flaketriage.work.messages import Queue, Step
+
+Sort = Literal["last_seen", "lost", "failures"]
+
+
+def accept_results(
+    database: Database, dispatcher: Dispatcher, settings: Settings, upload: ResultsUpload
+) -> ResultsAccepted:
+    """Record `upload` and the ``history`` step that reads it; send that step once committed
+    (`BrokerError` when the broker is down: recorded, and the sweep sends it)."""
+    outgoing: list[Outgoing | None] = []
+    with database.session() as session:
+        recorded = record_upload(
+            session, upload, storm_share=settings.storm_share, storm_min_tests=settings.storm_min_tests
+        )
+        work: list[int] = []
+        if recorded.upload_pk is not None:
+            row, sent = dispatcher.request(
+                session,
+                key=f"history:{recorded.upload_pk}",
+                step=Step.HISTORY,
+                queue=Queue.REPORT,
+                options={"upload": recorded.upload_pk},
+            )
+            work.append(row.id)
+            outgoing.append(sent)
+    counts = upload.counts()
+    answer = ResultsAccepted(
+        outcome="accepted" if recorded.upload_pk is not None else "duplicate",
+        upload=recorded.upload_pk,
+        tests=len(upload.tests),
+        failures=counts["failed"] + counts["error"],
+        passed_on_retry=counts["passed_on_retry"],
+        storm=recorded.storm,
+        work=work,
+    )
+    dispatcher.send(outgoing)
+    return answer
+
+
+@dataclass(frozen=True)
+class _Quarantined:
+    """The quarantine's entries by test id, to tell which tests (in which variants) it covers."""
+
+    entries: dict[str, list[QuarantineEntry]]
+
+    @classmethod
+    def load(cls, session: Session) -> _Quarantined:
+        by_test: dict[str, list[QuarantineEntry]] = {}
+        for row in session.scalars(select(QuarantineRow)):
+            entry = QuarantineEntry.model_validate(row.entry)
+            for test in {entry.test_id, *entry.tests} - {None}:
+                by_test.setdefault(str(test), []).append(entry)
+        return cls(by_test)
+
+    def covers(self, test_id: str, variant_key: str) -> bool:
+        entries = self.entries.get(test_id, [])
+        if not entries:
+            return False
+        variant = parse_variant(variant_key, where="a recorded variant")
+        return any(variant_covers(getattr(e, "variant", None) or {}, variant) for e in entries)
+
+
+class TestQuery:
+    """Tests as the API answers them."""
+
+    __test__ = False
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def list(
+        self,
+        *,
+        repository: str | None = None,
+        branch: str | None = None,
+        flaky: bool | None = None,
+        quarantined: bool | None = None,
+        sort: Sort = "last_seen",
+        limit: int = 100,
+    ) -> list[TestSummary]:
+        order = (
+            TestRow.lost_s.desc()
+            if sort == "lost"
+            else TestRow.failures.desc()
+            if sort == "failures"
+            else TestRow.last_seen.desc()
+        )
+        query = select(TestRow).order_by(order, TestRow.id.desc())
+        if repository:
+            query = query.where(TestRow.repository == repository)
+        if flaky is not None:
+            query = query.where(TestRow.suspected_flaky.is_(flaky))
+        if branch:
+            query = query.where(exists().where(ResultRow.test_pk == TestRow.id, ResultRow.branch == branch))
+        with self.database.session() as session:
+            held = _Quarantined.load(session)
+            if quarantined:
+                query = query.where(TestRow.test_id.in_(list(held.entries)))
+            rows: Iterable[TestRow] = session.scalars(
+                query.limit(limit if quarantined is None else limit * 4)
+            )
+            out = [_summary(row, held.covers(row.test_id, row.variant_key)) for row in rows]
+        if quarantined is not None:
+            out = [t for t in out if t.quarantined is quarantined]
+        return out[:limit]
+
+    def get(self, test_pk: int, recent: int = 50) -> TestDetail | None:
+        with self.database.session() as session:
+            row = session.get(TestRow, test_pk)
+            if row is None:
+                return None
+            held = _Quarantined.load(session)
+            results = recent_results(session, test_pk, recent)
+            uploads = {
+                u.id: u
+                for u in session.scalars(
+                    select(UploadRow).where(UploadRow.id.in_({r.upload_pk for r in results}))
+                )
+            }
+            stats = HistoryStats.of(results)
+            cases = list(
+                session.scalars(
+                    select(Case.id)
+                    .where(Case.repository == row.repository, Case.test_id == row.test_id)
+                    .order_by(Case.last_seen.desc())
+                    .limit(50)
+                )
+            )
+            cpu, gpu = _replay_seconds(session, cases)
+            return TestDetail(
+                **_summary(row, held.covers(row.test_id, row.variant_key)).model_dump(),
+                flaky_commits=stats.flaky_commits,
+                flip_rate=round(stats.flip_rate, 4),
+                recent=[
+                    TestResultView(
+                        outcome=r.outcome,
+                        attempts=r.attempts,
+                        failed_attempts=r.failed_attempts,
+                        duration_s=r.duration_s,
+                        commit=r.commit,
+                        branch=r.branch,
+                        job=uploads[r.upload_pk].job if r.upload_pk in uploads else None,
+                        run_url=uploads[r.upload_pk].run_url if r.upload_pk in uploads else None,
+                        quarantined=r.quarantined,
+                        storm=r.storm,
+                        received_at=r.received_at,
+                    )
+                    for r in results
+                ],
+                cases=cases,
+                replay_cpu_s=cpu,
+                replay_gpu_s=gpu,
+            )
+
+
+def _summary(row: TestRow, quarantined: bool) -> TestSummary:
+    return TestSummary(
+        id=row.id,
+        repository=row.repository,
+        test_id=row.test_id,
+        variant=row.variant_key,
+        first_seen=row.first_seen,
+        last_seen=row.last_seen,
+        runs=row.runs,
+        failures=row.failures,
+        passed_on_retry=row.passed_on_retry,
+        skipped=row.skipped,
+        blocked_runs=row.blocked_runs,
+        mean_duration_s=round(row.duration_s / row.runs, 6) if row.runs else 0.0,
+        ci_lost_s=round(row.lost_s, 3),
+        last_outcome=row.last_outcome,
+        suspected_flaky=row.suspected_flaky,
+        quarantined=quarantined,
+        case_id=row.case_id,
+    )
+
+
+def _replay_seconds(session: Session, case_ids: list[int]) -> tuple[float, float]:
+    """CPU and GPU seconds of every replay of these cases."""
+    if not case_ids:
+        return 0.0, 0.0
+    cpu, gpu = session.execute(
+        select(func.coalesce(func.sum(ReplayRow.cpu_s), 0.0), func.coalesce(func.sum(ReplayRow.gpu_s), 0.0))
+        .join(Work, Work.id == ReplayRow.work_id)
+        .where(Work.case_id.in_(case_ids))
+    ).one()
+    return round(float(cpu or 0), 3), round(float(gpu or 0), 3)
+
+
+def case_impact(session: Session, case: Case) -> CaseImpact:
+    """A case's impact (`CaseImpact`): its test's CI cost in every variant and its replays."""
+    lost, blocked = 0.0, 0
+    if case.test_id and case.repository:
+        lost, blocked = session.execute(
+            select(
+                func.coalesce(func.sum(TestRow.lost_s), 0.0), func.coalesce(func.sum(TestRow.blocked_runs), 0)
+            ).where(TestRow.repository == case.repository, TestRow.test_id == case.test_id)
+        ).one()
+    cpu, gpu, replays = session.execute(
+        select(
+            func.coalesce(func.sum(ReplayRow.cpu_s), 0.0),
+            func.coalesce(func.sum(ReplayRow.gpu_s), 0.0),
+            func.count(ReplayRow.id),
+        )
+        .join(Work, Work.id == ReplayRow.work_id)
+        .where(Work.case_id == case.id)
+    ).one()
+    return CaseImpact(
+        ci_lost_s=round(float(lost or 0), 3),
+        blocked_runs=int(blocked),
+        replay_cpu_s=round(float(cpu or 0), 3),
+        replay_gpu_s=round(float(gpu or 0), 3),
+        replays=int(replays),
+    )
