@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from flaketriage.errors import ConfigError
 from flaketriage.variant import Variant, checked_variant
 
 RESULTS_SCHEMA_VERSION = 1
@@ -133,11 +134,21 @@ class ResultsUpload(_Model):
     variant: Variant = Field(default_factory=dict)
     tests: tuple[TestResult, ...] = Field(max_length=MAX_TESTS)
 
+    @field_validator("repository")
+    @classmethod
+    def _owner_and_name(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError("an owner or a name cannot be '.' or '..'")
+        return value
+
     @field_validator("variant", mode="before")
     @classmethod
     def _variant(cls, value: object) -> object:
         if isinstance(value, dict):
-            return checked_variant({str(k): v for k, v in value.items()})
+            try:
+                return checked_variant({str(k): v for k, v in value.items()})
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     def counts(self) -> dict[str, int]:
