@@ -103,9 +103,10 @@ def test_careless_bodies_get_one_clear_answer_and_record_nothing(receiver: Recei
         (json.dumps({**valid, "tests": [{"test_id": "a", "outcome": "maybe"}]}).encode(), 422, "outcome"),
         (json.dumps({**valid, "variant": {"OS": "linux"}}).encode(), 422, "variant key"),
         (json.dumps({**valid, "schema_version": 2}).encode(), 422, "schema_version"),
-        (json.dumps({**valid, "tests": [{"test_id": "a", "outcome": "passed", "duration_s": -1}]}).encode(), 422, ""),
-        (b'{"upload_id": "up-12345678", "repository": "a/b", "tests": [{"test_id": "\\ud800", "outcome": "passed"}]}',
-         400, "not JSON"),
+        (json.dumps({**valid, "tests": [{"test_id": "a", "outcome": "passed", "duration_s": -1}]}).encode(),
+         422, "duration_s"),
+        (b'{"upload_id": "up-12345678", "repository": "a/b", '
+         b'"tests": [{"test_id": "\\ud800", "outcome": "passed"}]}', 400, "not JSON"),
         (json.dumps({**valid, "extra": 1}).encode(), 422, "extra"),
     ]  # fmt: skip
     for raw, status, says in cases:
