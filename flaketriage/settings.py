@@ -422,6 +422,17 @@ class Settings(BaseSettings):
         description="The service's garbage collection drops bundles older than this that no open case "
         "or quarantine entry references.",
     )
+    repository: str | None = Field(
+        default=None,
+        description="The repository (OWNER/NAME) CI results are recorded under. Default: the CI "
+        "provider's (GITHUB_REPOSITORY, CI_PROJECT_PATH ...), else git's origin.",
+    )
+    send_results: bool = Field(
+        default=True,
+        description="The pytest plugin sends every test's outcome (duration, rerun attempts) to the "
+        "service's CI history at the end of the session, when FLAKETRIAGE_NOTIFY_URL (or "
+        "FLAKETRIAGE_SERVICE_URL) and FLAKETRIAGE_WEBHOOK_SECRET are set.",
+    )
     max_results_mb: int = Field(
         default=64,
         ge=1,

@@ -29,6 +29,7 @@ import pluggy
 import pytest
 
 from flaketriage.ci.pytest_data import INI, MARKER, MARKER_HELP, BuiltData
+from flaketriage.ci.pytest_results import SessionResults
 from flaketriage.process.replay_env import in_replay
 
 if TYPE_CHECKING:
@@ -117,6 +118,11 @@ class FlaketriageSession:
         self.errors: list[str] = []
         """Refusals that retrying cannot fix, each naming the setting to change: the last lines."""
         self._failed: dict[str, list[pytest.TestReport]] = {}
+        self.results = SessionResults()
+        """Every test's outcome, sent to the service's CI history at the end (not by an xdist worker:
+        its controller sees every report)."""
+        self._worker = hasattr(config, "workerinput")
+        self.results_sent: str | None = None
         self._data: dict[str, tuple[DataInput, ...]] = {}
         """node id → the data it declared, stored at its first failing report."""
         self._by_id: dict[str, pytest.Item] | None = None
@@ -200,6 +206,8 @@ class FlaketriageSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # tryfirst: a quarantined failure is marked before the session counts it as failed.
+        if not self._worker:
+            self.results.add(self.relative(report.nodeid), report)
         if getattr(report, "node", None) is not None:
             return  # a pytest-xdist worker's report, already handled in that worker
         if report.failed:
@@ -248,6 +256,7 @@ class FlaketriageSession:
         # The outermost wrapper: events are sent first (the summary says how they went), and a
         # refusal that retrying cannot fix is written after pytest's stats line, as the last line.
         self._send()
+        self._send_results()
         try:
             return (yield)
         finally:
@@ -278,6 +287,32 @@ class FlaketriageSession:
         self.notes += sending.queued_lines()
         self.errors += sending.error_lines()
 
+    def _send_results(self) -> None:
+        """Every test's outcome to the service's CI history; never fails the run."""
+        if self._worker or not self.results.tests:
+            return
+        if not any(
+            os.environ.get(f"FLAKETRIAGE_{name}", "").strip() for name in ("NOTIFY_URL", "SERVICE_URL")
+        ):
+            return  # no service: the settings (pydantic) are not even loaded
+        try:
+            settings = self.settings
+            if not settings.send_results or not settings.resolved_service_url():
+                return
+            from flaketriage.ci.pytest_results import send_results
+
+            upload = self.results.upload(
+                settings, set(self.quarantined), cwd=self.config.invocation_params.dir
+            )
+            if upload is None:
+                self.notes.append(
+                    "the results were not sent: which repository is this? set FLAKETRIAGE_REPOSITORY"
+                )
+                return
+            self.results_sent = send_results(upload, settings)
+        except Exception as exc:  # sending must never fail the run
+            self.notes.append(f"could not send the results: {type(exc).__name__}: {exc}")
+
     def _write_errors(self) -> None:
         if not self.errors:
             return
@@ -303,6 +338,8 @@ class FlaketriageSession:
             write(f"flaketriage: QUARANTINED {nodeid} - {what}", yellow=True)
         for note in dict.fromkeys(self.notes):
             write(f"flaketriage: warning: {note}", yellow=True)
+        if self.results_sent:
+            write(f"flaketriage: CI history: {self.results_sent}")
         write(summary(self.captured, self.sent))
 
     # -- work -----------------------------------------------------------------------------------

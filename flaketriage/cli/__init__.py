@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from flaketriage import __version__
-from flaketriage.cli import bundles, cases, doctor, garbage, notify, run, service, telemetry
+from flaketriage.cli import bundles, cases, doctor, garbage, notify, results, run, service, telemetry
 from flaketriage.cli.console import Commands, err, labelled
 from flaketriage.errors import FlaketriageError
 from flaketriage.process import interrupts
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(bundles.app, name="bundle")
 app.add_typer(cases.app, name="cases")
+app.add_typer(results.app, name="results")
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run.capture)
 app.command()(run.triage)
 app.command()(telemetry.telemetry)
