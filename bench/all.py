@@ -57,6 +57,7 @@ BENCHES = (
     Bench("workers", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("ingest", tools=("redis-server", "wrk"), modules=("psycopg",), services=True),
     Bench("quarantine_fetch", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
+    Bench("results", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("reliability", modules=("psycopg", "schemathesis", "hypothesis"), services=True),
     Bench("overload", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("chaos", tools=("redis-server", "runuser"), modules=("psycopg", "httpx", "moto")),

@@ -1,0 +1,242 @@
+"""Benchmark: CI history at scale (goals: a 50,000-test JUnit file ingested end to end in at most 2 s;
+a test's history page answered in at most 20 ms at the 95th percentile with 10,000,000 results).
+
+Run from the repository root: ``python bench/results.py [--quick] [--tests 50000] [--rounds 7]
+[--results 10000000] [--requests 300]``. Needs ``redis-server`` and PostgreSQL
+(``FLAKETRIAGE_TEST_POSTGRES``; a fresh database is made and dropped).
+
+**Ingest.** A real ``flaketriage serve`` on loopback (PostgreSQL, Redis) and a pytest-style JUnit
+file of ``--tests`` tests (1% failing, 0.5% passed on a rerun). Each round, in a fresh random order
+after a warm-up round, runs as a user runs them (a whole process each):
+
+- ``parse``, the baseline: ``flaketriage results upload FILE --dry-run`` (the process, reading and
+  checking the file, building the upload; nothing sent);
+- ``parse (A/A)``: the baseline again, the noise;
+- ``upload``: ``flaketriage results upload FILE`` with a new run id, until the service answered
+  ``202`` (the upload signed and sent, validated, and every result committed to PostgreSQL).
+
+The figure is the median wall time of ``upload``; the goal is met when it is at most 2 s. Beside it:
+the per-round difference to ``parse`` (what sending and recording add).
+
+**History.** The same database is seeded with ``--results`` results (100 per test, in upload
+order, so one test's results lie far apart on disk, as in production) and ``GET /v1/tests/{id}``
+is asked ``--requests`` times for random tests, interleaved with ``GET /healthz`` (the baseline:
+what any request costs). The goal: the test page's 95th percentile at most 20 ms. Exits 1 on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from goals import check  # noqa: E402
+from paired import interleave  # noqa: E402
+from service_stack import Processes, free_port, postgres_database, redis_server, require_tools, service_env  # noqa: E402
+
+SECRET = "bench-secret"
+
+
+def write_junit(path: Path, tests: int) -> None:
+    """A pytest-style JUnit file: modules of 100 tests, 1% failing, 0.5% passed on a rerun."""
+    rng = random.Random(7)
+    lines = ['<?xml version="1.0" encoding="utf-8"?>', "<testsuites>",
+             f'<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="{tests}" time="1.0">']  # fmt: skip
+    for i in range(tests):
+        module, name = f"tests.test_module_{i // 100}", f"test_case_{i}"
+        draw = rng.random()
+        if draw < 0.01:
+            body = '<failure message="AssertionError: assert 1 == 2">def test(): assert 1 == 2</failure>'
+        elif draw < 0.015:
+            body = '<flakyFailure message="flaky" type="AssertionError">first attempt</flakyFailure>'
+        else:
+            body = ""
+        lines.append(
+            f'<testcase classname="{module}" name="{name}" time="0.{i % 1000:03d}">{body}</testcase>'
+        )
+    lines += ["</testsuite>", "</testsuites>"]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def wait_ready(url: str) -> None:
+    import httpx
+
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("flaketriage serve did not start")
+
+
+def cli(env: dict[str, str], *args: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "flaketriage", "results", "upload", *args],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0 or ("accepted" not in done.stderr and "--dry-run" not in " ".join(args)):
+        raise SystemExit(f"results upload failed ({done.returncode}): {done.stderr[-2000:]}")
+    return elapsed
+
+
+def seed(database_url: str, results: int) -> int:
+    """``results`` results for ``results // 100`` tests; returns the number of tests."""
+    import psycopg
+
+    tests = max(1, results // 100)
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        conn.execute(
+            "INSERT INTO result_uploads (upload_id, source, repository, branch, commit, attempt, variant_key,"
+            " tests, failures, passed_on_retry, skipped, duration_s, lost_s, storm, received_at)"
+            " SELECT 'seed-' || g, 'junit', 'acme/big', 'main', lpad(to_hex(g), 40, '0'), 1, '', %s, 0, 0, 0,"
+            " 0, 0, false, now() - make_interval(mins => 200 - g) FROM generate_series(1, 100) g",
+            (tests,),
+        )
+        conn.execute(
+            "INSERT INTO tests (key, repository, test_id, variant_key, first_seen, last_seen, runs, failures,"
+            " passed_on_retry, skipped, blocked_runs, duration_s, lost_s, last_outcome, suspected_flaky)"
+            " SELECT md5('t' || g) || md5('u' || g), 'acme/big', 'tests/test_m' || (g / 100) || '.py::test_' || g,"
+            " '', now(), now(), 100, 1, 0, 0, 1, 10, 1, 'passed', false FROM generate_series(1, %s) g",
+            (tests,),
+        )
+        for index in ("ix_test_results_test", "ix_test_results_commit", "ix_test_results_received",
+                      "ix_test_results_upload_pk"):  # fmt: skip
+            conn.execute(f"DROP INDEX {index}")
+        conn.execute(
+            "INSERT INTO test_results (test_pk, upload_pk, commit, branch, outcome, attempts, failed_attempts,"
+            " duration_s, lost_s, quarantined, storm, received_at)"
+            " SELECT t.id, u.id, u.commit, 'main', CASE WHEN random() < 0.01 THEN 'failed' ELSE 'passed' END,"
+            " 1, 0, 0.1, 0, false, false, u.received_at"
+            " FROM result_uploads u CROSS JOIN tests t WHERE u.upload_id LIKE 'seed-%%' AND t.repository = 'acme/big'"
+            " ORDER BY u.id, t.id"
+        )
+        conn.execute("CREATE INDEX ix_test_results_test ON test_results (test_pk, id)")
+        conn.execute('CREATE INDEX ix_test_results_commit ON test_results (test_pk, "commit")')
+        conn.execute("CREATE INDEX ix_test_results_received ON test_results (received_at)")
+        conn.execute("CREATE INDEX ix_test_results_upload_pk ON test_results (upload_pk)")
+        conn.execute("VACUUM ANALYZE")
+        count = conn.execute("SELECT count(*) FROM test_results").fetchone()
+        print(
+            f"  seeded {count[0] if count else 0:,} results of {tests:,} tests in {time.perf_counter() - started:.0f} s"
+        )
+    return tests
+
+
+def history(base: str, tests: int, requests: int) -> tuple[list[float], list[float]]:
+    import httpx
+
+    rng = random.Random(3)
+    page: list[float] = []
+    bare: list[float] = []
+    with httpx.Client(base_url=base, timeout=10) as client:
+        for _ in range(20):  # warm-up
+            client.get(f"/v1/tests/{rng.randint(1, tests)}")
+        for _ in range(requests):
+            for name in rng.sample(["page", "bare"], 2):
+                start = time.perf_counter()
+                answer = client.get(f"/v1/tests/{rng.randint(1, tests)}" if name == "page" else "/healthz")
+                elapsed = (time.perf_counter() - start) * 1000
+                if answer.status_code != 200:
+                    raise SystemExit(f"GET answered {answer.status_code}: {answer.text[:300]}")
+                if name == "page" and len(answer.json()["recent"]) != 50:
+                    raise SystemExit("a test page did not list its 50 latest results")
+                (page if name == "page" else bare).append(elapsed)
+    return page, bare
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds, 1,000,000 results, 100 requests")
+    parser.add_argument("--tests", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--results", type=int, default=10_000_000)
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.results, args.requests = 3, 1_000_000, 100
+    require_tools("redis-server")
+    ok = True
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        postgres_database() as database_url,
+        redis_server() as broker_url,
+    ):
+        work = Path(tmp)
+        junit = work / "junit.xml"
+        write_junit(junit, args.tests)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = service_env(work / "store", database_url, broker_url, FLAKETRIAGE_WEBHOOK_SECRET=SECRET)
+        server = Processes(env, work)
+        server.start("serve", "--port", str(port), log=work / "serve.log")
+        try:
+            wait_ready(base)
+            client_env = {
+                k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "GITHUB_"))
+            }
+            client_env.update(FLAKETRIAGE_SERVICE_URL=base, FLAKETRIAGE_WEBHOOK_SECRET=SECRET, NO_PROXY="127.0.0.1",
+                              PYTHONPATH=env["PYTHONPATH"])  # fmt: skip
+            common = ["--repo", "acme/models", "--branch", "main", "--commit", "a" * 40, str(junit)]
+            runs = iter(range(10**6))
+            times = interleave(
+                {
+                    "parse": lambda: cli(client_env, *common, "--dry-run"),
+                    "parse (A/A)": lambda: cli(client_env, *common, "--dry-run"),
+                    "upload": lambda: cli(client_env, *common, "--run-id", f"bench-{next(runs)}"),
+                },
+                args.rounds,
+            )
+            print(
+                f"ingest: {args.tests:,} tests, {junit.stat().st_size / 1e6:.1f} MB of JUnit XML, {args.rounds} rounds"
+            )
+            for name, values in times.items():
+                print(
+                    f"  {name:12} median {statistics.median(values):.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+                )
+            added = [u - p for u, p in zip(times["upload"], times["parse"], strict=True)]
+            print(
+                f"  sending and recording add {statistics.median(added):.3f} s (median of per-round differences)"
+            )
+            upload = statistics.median(times["upload"])
+            ok &= check(
+                f"{args.tests:,}-test upload end to end, median",
+                f"{upload:.2f} s",
+                "<=",
+                "2 s",
+                upload <= 2.0,
+            )
+            tests = seed(database_url, args.results)
+            page, bare = history(base, tests, args.requests)
+            print(f"history: GET /v1/tests/{{id}} over {args.results:,} results, {args.requests} requests")
+            for name, values in (("test page", page), ("/healthz", bare)):
+                print(
+                    f"  {name:10} p50 {percentile(values, 0.5):.1f} ms  p95 {percentile(values, 0.95):.1f} ms"
+                )
+            p95 = percentile(page, 0.95)
+            ok &= check("test history page p95", f"{p95:.1f} ms", "<=", "20 ms", p95 <= 20.0)
+        finally:
+            server.stop()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
