@@ -38,9 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from goals import check  # noqa: E402
-from paired import interleave  # noqa: E402
-from service_stack import Processes, free_port, postgres_database, redis_server, require_tools, service_env  # noqa: E402
+from goals import check
+from paired import interleave
+from service_stack import Processes, free_port, postgres_database, redis_server, require_tools, service_env
 
 SECRET = "bench-secret"
 
@@ -48,8 +48,8 @@ SECRET = "bench-secret"
 def write_junit(path: Path, tests: int) -> None:
     """A pytest-style JUnit file: modules of 100 tests, 1% failing, 0.5% passed on a rerun."""
     rng = random.Random(7)
-    lines = ['<?xml version="1.0" encoding="utf-8"?>', "<testsuites>",
-             f'<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="{tests}" time="1.0">']  # fmt: skip
+    suite = f'<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="{tests}" time="1.0">'
+    lines = ['<?xml version="1.0" encoding="utf-8"?>', "<testsuites>", suite]
     for i in range(tests):
         module, name = f"tests.test_module_{i // 100}", f"test_case_{i}"
         draw = rng.random()
@@ -109,7 +109,8 @@ def seed(database_url: str, results: int) -> int:
         conn.execute(
             "INSERT INTO tests (key, repository, test_id, variant_key, first_seen, last_seen, runs, failures,"
             " passed_on_retry, skipped, blocked_runs, duration_s, lost_s, last_outcome, suspected_flaky)"
-            " SELECT md5('t' || g) || md5('u' || g), 'acme/big', 'tests/test_m' || (g / 100) || '.py::test_' || g,"
+            " SELECT md5('t' || g) || md5('u' || g), 'acme/big',"
+            " 'tests/test_m' || (g / 100) || '.py::test_' || g,"
             " '', now(), now(), 100, 1, 0, 0, 1, 10, 1, 'passed', false FROM generate_series(1, %s) g",
             (tests,),
         )
@@ -117,11 +118,12 @@ def seed(database_url: str, results: int) -> int:
                       "ix_test_results_upload_pk"):  # fmt: skip
             conn.execute(f"DROP INDEX {index}")
         conn.execute(
-            "INSERT INTO test_results (test_pk, upload_pk, commit, branch, outcome, attempts, failed_attempts,"
-            " duration_s, lost_s, quarantined, storm, received_at)"
+            "INSERT INTO test_results (test_pk, upload_pk, commit, branch, outcome, attempts,"
+            " failed_attempts, duration_s, lost_s, quarantined, storm, received_at)"
             " SELECT t.id, u.id, u.commit, 'main', CASE WHEN random() < 0.01 THEN 'failed' ELSE 'passed' END,"
             " 1, 0, 0.1, 0, false, false, u.received_at"
-            " FROM result_uploads u CROSS JOIN tests t WHERE u.upload_id LIKE 'seed-%%' AND t.repository = 'acme/big'"
+            " FROM result_uploads u CROSS JOIN tests t"
+            " WHERE u.upload_id LIKE 'seed-%%' AND t.repository = 'acme/big'"
             " ORDER BY u.id, t.id"
         )
         conn.execute("CREATE INDEX ix_test_results_test ON test_results (test_pk, id)")
@@ -131,7 +133,8 @@ def seed(database_url: str, results: int) -> int:
         conn.execute("VACUUM ANALYZE")
         count = conn.execute("SELECT count(*) FROM test_results").fetchone()
         print(
-            f"  seeded {count[0] if count else 0:,} results of {tests:,} tests in {time.perf_counter() - started:.0f} s"
+            f"  seeded {count[0] if count else 0:,} results of {tests:,} tests"
+            f" in {time.perf_counter() - started:.0f} s"
         )
     return tests
 
@@ -160,7 +163,7 @@ def history(base: str, tests: int, requests: int) -> tuple[list[float], list[flo
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> int:
@@ -193,8 +196,12 @@ def main() -> int:
             client_env = {
                 k: v for k, v in os.environ.items() if not k.startswith(("FLAKETRIAGE_", "GITHUB_"))
             }
-            client_env.update(FLAKETRIAGE_SERVICE_URL=base, FLAKETRIAGE_WEBHOOK_SECRET=SECRET, NO_PROXY="127.0.0.1",
-                              PYTHONPATH=env["PYTHONPATH"])  # fmt: skip
+            client_env.update(
+                FLAKETRIAGE_SERVICE_URL=base,
+                FLAKETRIAGE_WEBHOOK_SECRET=SECRET,
+                NO_PROXY="127.0.0.1",
+                PYTHONPATH=env["PYTHONPATH"],
+            )
             common = ["--repo", "acme/models", "--branch", "main", "--commit", "a" * 40, str(junit)]
             runs = iter(range(10**6))
             times = interleave(
@@ -206,15 +213,18 @@ def main() -> int:
                 args.rounds,
             )
             print(
-                f"ingest: {args.tests:,} tests, {junit.stat().st_size / 1e6:.1f} MB of JUnit XML, {args.rounds} rounds"
+                f"ingest: {args.tests:,} tests, {junit.stat().st_size / 1e6:.1f} MB of JUnit XML,"
+                f" {args.rounds} rounds"
             )
             for name, values in times.items():
                 print(
-                    f"  {name:12} median {statistics.median(values):.3f} s  (min {min(values):.3f}, max {max(values):.3f})"
+                    f"  {name:12} median {statistics.median(values):.3f} s"
+                    f"  (min {min(values):.3f}, max {max(values):.3f})"
                 )
             added = [u - p for u, p in zip(times["upload"], times["parse"], strict=True)]
             print(
-                f"  sending and recording add {statistics.median(added):.3f} s (median of per-round differences)"
+                f"  sending and recording add {statistics.median(added):.3f} s"
+                " (median of per-round differences)"
             )
             upload = statistics.median(times["upload"])
             ok &= check(
