@@ -29,6 +29,8 @@
     ├── ReportError                   writing an issue or a quarantine entry
     │   └── IssueTrackerError         GitHub refused or failed a call (``status``: its HTTP status)
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
+    ├── ResultsError                  a CI results file that cannot be read (not JUnit XML, a DTD or
+    │                                 entities, too large, too many tests)
     ├── NotifyError                   sending an event to the service (the event waits in the outbox)
     │   └── EventRefusedError         a refusal retrying cannot fix (a wrong URL or secret, a store the
     │                                 service does not read): reported, not queued; ``setting`` says what
@@ -234,6 +236,11 @@ class QuarantineError(FlaketriageError):
     def __init__(self, message: str, *, damaged: bool = True) -> None:
         super().__init__(message)
         self.damaged = damaged
+
+
+class ResultsError(FlaketriageError):
+    """A CI results file (JUnit XML) that is not one flaketriage reads: not XML, not JUnit, one that
+    declares a DTD or entities, too large, or with too many tests. Nothing of it is sent."""
 
 
 class NotifyError(FlaketriageError):

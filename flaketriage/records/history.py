@@ -1,21 +1,23 @@
 """CI history in SQL: recording an upload's results, reading a test's recent results, rolling old
 ones up, and what a test's results say (`HistoryStats`).
 
-An upload is recorded in one transaction: its row, one `TestRow` per test and variant (created or
-its totals advanced), one `ResultRow` per result. Statements go out in batches (SQLAlchemy's
-``insertmanyvalues``), so a 50,000-test upload is a few dozen round trips, not 100,000.
+An upload is recorded in one transaction: its row, a `TestRow` for each test and variant not seen
+before, one `ResultRow` per result, written as the driver writes fastest (COPY on PostgreSQL, one
+``executemany`` on SQLite), so a 50,000-test upload is a handful of round trips. The tests' running
+totals are added after, once, by the upload's ``history`` step (`add_totals`): the receiver
+answers without updating 50,000 rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from flaketriage.records.models import ResultRow, TestDayRow, TestRow, UploadRow, utc_now
@@ -141,38 +143,19 @@ def record_upload(
     return Recorded(upload_pk=row.id, storm=storm, failed=tuple(failed), passed=tuple(passed))
 
 
-def _totals(lines: Iterable[_Line], storm: bool) -> tuple[int, int, int, int, int, float, float, str]:
-    """The increments one upload makes to a test's totals (a test named twice in it adds up), in
-    `_COUNTERS` order, and its last outcome."""
-    runs = failures = retried = skipped = blocked = 0
-    duration = lost = 0.0
-    last = ""
-    for line in lines:
-        last = line.outcome
-        if storm:
-            continue  # an outage says nothing about the test: its totals stay as they were
-        runs += 1
-        failures += line.failing
-        retried += line.retried
-        skipped += line.outcome == Outcome.SKIPPED.value
-        blocked += line.failing and not line.quarantined
-        duration += line.duration_s
-        lost += line.lost_s
-    return runs, failures, retried, skipped, blocked, duration, lost, last
-
-
-_COUNTERS = ("runs", "failures", "passed_on_retry", "skipped", "blocked_runs", "duration_s", "lost_s")
-_TEST_COLUMNS = ("key", "repository", "test_id", "variant_key", "first_seen", "last_seen", "suspected_flaky",
-                 *_COUNTERS, "last_outcome")  # fmt: skip
+_TEST_COLUMNS = (
+    "key", "repository", "test_id", "variant_key", "first_seen", "last_seen", "suspected_flaky",
+    "runs", "failures", "passed_on_retry", "skipped", "blocked_runs", "duration_s", "lost_s",
+)  # fmt: skip
 _RESULT_COLUMNS = ("test_pk", "upload_pk", "\"commit\"", "branch", "outcome", "attempts", "failed_attempts",
                    "duration_s", "lost_s", "signature", "quarantined", "storm", "received_at")  # fmt: skip
-_UPSERT_SET = ", ".join(f"{c} = tests.{c} + excluded.{c}" for c in _COUNTERS)
 
 
 class _Writer:
-    """Writes an upload's tests and results with the driver's fastest bulk statement. SQLAlchemy's
-    per-row parameter processing costs more than the database itself at this size, so rows go to
-    the driver as plain tuples, their one timestamp converted once."""
+    """Writes an upload's tests (the new ones) and its results with the driver's fastest bulk
+    statements. SQLAlchemy's per-row parameter processing costs more than the database itself at
+    this size, so rows go to the driver as plain tuples, their one timestamp converted once. The
+    tests' totals are not touched here: the upload's ``history`` step adds them (`add_totals`)."""
 
     def __init__(self, connection: Any, now: datetime) -> None:
         self.connection = connection
@@ -189,14 +172,32 @@ class _Writer:
         upload_pk: int,
         storm: bool,
     ) -> dict[str, int]:
-        grouped: dict[str, list[_Line]] = {}
-        for line in lines:
-            grouped.setdefault(line.key, []).append(line)
-        tests = [
-            (key, upload.repository, names[key], variant, self.now, self.now, False, *_totals(group, storm))
-            for key, group in grouped.items()
-        ]
-        ids = self.upsert_tests(tests)
+        keys = list(dict.fromkeys(line.key for line in lines))
+        ids = self.existing(keys)
+        missing = [k for k in keys if k not in ids]
+        if missing:
+            self.insert_tests(
+                [
+                    (
+                        k,
+                        upload.repository,
+                        names[k],
+                        variant,
+                        self.now,
+                        self.now,
+                        False,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0.0,
+                        0.0,
+                    )
+                    for k in missing
+                ]
+            )
+            ids.update(self.existing(missing))
         results = [
             (ids[line.key], upload_pk, upload.commit, upload.branch, line.outcome, line.attempts,
              line.failed_attempts, line.duration_s, line.lost_s, line.signature, line.quarantined, storm,
@@ -206,7 +207,10 @@ class _Writer:
         self.insert_results(results)
         return ids
 
-    def upsert_tests(self, rows: list[tuple[Any, ...]]) -> dict[str, int]:
+    def existing(self, keys: list[str]) -> dict[str, int]:
+        raise NotImplementedError
+
+    def insert_tests(self, rows: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
 
     def insert_results(self, rows: list[tuple[Any, ...]]) -> None:
@@ -214,22 +218,22 @@ class _Writer:
 
 
 class _SQLiteWriter(_Writer):
-    def upsert_tests(self, rows: list[tuple[Any, ...]]) -> dict[str, int]:
-        marks = ", ".join("?" for _ in _TEST_COLUMNS)
-        self.connection.exec_driver_sql(
-            f"INSERT INTO tests ({', '.join(_TEST_COLUMNS)}) VALUES ({marks}) ON CONFLICT (key) DO UPDATE "
-            f"SET {_UPSERT_SET}, last_seen = excluded.last_seen, last_outcome = excluded.last_outcome",
-            rows,
-        )
+    def existing(self, keys: list[str]) -> dict[str, int]:
         ids: dict[str, int] = {}
-        keys = [row[0] for row in rows]
         for start in range(0, len(keys), 5000):
             chunk = keys[start : start + 5000]
             found = self.connection.exec_driver_sql(
-                f"SELECT id, key FROM tests WHERE key IN ({', '.join('?' for _ in chunk)})", tuple(chunk)
+                f"SELECT key, id FROM tests WHERE key IN ({', '.join('?' for _ in chunk)})", tuple(chunk)
             )
-            ids.update({key: test_pk for test_pk, key in found})
+            ids.update(dict(found.all()))
         return ids
+
+    def insert_tests(self, rows: list[tuple[Any, ...]]) -> None:
+        marks = ", ".join("?" for _ in _TEST_COLUMNS)
+        self.connection.exec_driver_sql(
+            f"INSERT INTO tests ({', '.join(_TEST_COLUMNS)}) VALUES ({marks}) ON CONFLICT (key) DO NOTHING",
+            rows,
+        )
 
     def insert_results(self, rows: list[tuple[Any, ...]]) -> None:
         marks = ", ".join("?" for _ in _RESULT_COLUMNS)
@@ -239,10 +243,18 @@ class _SQLiteWriter(_Writer):
 
 
 class _PostgresWriter(_Writer):
-    """COPY into a temporary table, then one upsert that returns every id; results by COPY."""
+    """One ``= ANY`` lookup of every key; new tests and all results by COPY."""
 
-    def upsert_tests(self, rows: list[tuple[Any, ...]]) -> dict[str, int]:
-        cursor = self.connection.connection.driver_connection.cursor()
+    def cursor(self) -> Any:
+        return self.connection.connection.driver_connection.cursor()
+
+    def existing(self, keys: list[str]) -> dict[str, int]:
+        cursor = self.cursor()
+        cursor.execute("SELECT key, id FROM tests WHERE key = ANY(%s)", (keys,))
+        return dict(cursor.fetchall())
+
+    def insert_tests(self, rows: list[tuple[Any, ...]]) -> None:
+        cursor = self.cursor()
         cursor.execute(
             "CREATE TEMPORARY TABLE IF NOT EXISTS incoming_tests (LIKE tests INCLUDING DEFAULTS) "
             "ON COMMIT DELETE ROWS"
@@ -252,18 +264,60 @@ class _PostgresWriter(_Writer):
         with cursor.copy(f"COPY incoming_tests ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
+        # Another upload may add the same tests meanwhile: theirs stand, and ours are read after.
         cursor.execute(
-            f"INSERT INTO tests ({columns}) SELECT {columns} FROM incoming_tests ON CONFLICT (key) DO UPDATE "
-            f"SET {_UPSERT_SET}, last_seen = excluded.last_seen, last_outcome = excluded.last_outcome "
-            "RETURNING id, key"
+            f"INSERT INTO tests ({columns}) SELECT {columns} FROM incoming_tests ON CONFLICT (key) DO NOTHING"
         )
-        return {key: test_pk for test_pk, key in cursor.fetchall()}
 
     def insert_results(self, rows: list[tuple[Any, ...]]) -> None:
-        cursor = self.connection.connection.driver_connection.cursor()
-        with cursor.copy(f"COPY test_results ({', '.join(_RESULT_COLUMNS)}) FROM STDIN") as copy:
+        with self.cursor().copy(f"COPY test_results ({', '.join(_RESULT_COLUMNS)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
+
+
+_FAILING = "('failed', 'error')"
+_ADD_TOTALS = f"""
+UPDATE tests SET
+    runs = tests.runs + a.runs,
+    failures = tests.failures + a.failures,
+    passed_on_retry = tests.passed_on_retry + a.passed_on_retry,
+    skipped = tests.skipped + a.skipped,
+    blocked_runs = tests.blocked_runs + a.blocked_runs,
+    duration_s = tests.duration_s + a.duration_s,
+    lost_s = tests.lost_s + a.lost_s,
+    last_seen = a.received_at,
+    last_outcome = l.outcome
+FROM (
+    SELECT test_pk,
+        SUM(CASE WHEN storm THEN 0 ELSE 1 END) AS runs,
+        SUM(CASE WHEN storm THEN 0 WHEN outcome IN {_FAILING} THEN 1 ELSE 0 END) AS failures,
+        SUM(CASE WHEN storm THEN 0 WHEN outcome = 'passed' AND failed_attempts > 0 THEN 1 ELSE 0 END)
+            AS passed_on_retry,
+        SUM(CASE WHEN storm THEN 0 WHEN outcome = 'skipped' THEN 1 ELSE 0 END) AS skipped,
+        SUM(CASE WHEN storm OR quarantined THEN 0 WHEN outcome IN {_FAILING} THEN 1 ELSE 0 END)
+            AS blocked_runs,
+        SUM(CASE WHEN storm THEN 0 ELSE duration_s END) AS duration_s,
+        SUM(CASE WHEN storm THEN 0 ELSE lost_s END) AS lost_s,
+        MAX(received_at) AS received_at,
+        MAX(id) AS last_id
+    FROM test_results WHERE upload_pk = :upload GROUP BY test_pk
+) AS a JOIN test_results AS l ON l.id = a.last_id
+WHERE tests.id = a.test_pk
+"""
+
+
+def add_totals(session: Session, upload_pk: int) -> bool:
+    """Add an upload's results to its tests' totals, once (the upload remembers it was done):
+    False when they were added before. A storm's results change no total but ``last_seen``."""
+    done = session.execute(
+        update(UploadRow)
+        .where(UploadRow.id == upload_pk, UploadRow.totals_added.is_(False))
+        .values(totals_added=True)
+    )
+    if not done.rowcount:
+        return False
+    session.execute(text(_ADD_TOTALS), {"upload": upload_pk})
+    return True
 
 
 # -- reading ----------------------------------------------------------------------------------------

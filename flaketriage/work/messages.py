@@ -50,6 +50,8 @@ work (all queued and waiting work sent again) is done at once instead of at the 
 SCHEDULE_RERUNS_TASK = "flaketriage.schedule_reruns"
 SCHEDULE_TELEMETRY_TASK = "flaketriage.schedule_telemetry"
 GC_TASK = "flaketriage.gc"
+ROLL_UP_TASK = "flaketriage.roll_up"
+"""Fold old CI results into daily totals per test."""
 SEND_TASKS_TASK = "flaketriage.send_tasks"
 """Send on the step tasks a `TaskBatch` carries: how the receiver hands the work of one transaction to
 the broker in one message (a worker does the per-task publishing, off the receiver's hot path)."""

@@ -26,6 +26,7 @@ from flaketriage.work.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.work.messages import (
     BROKER_CHECK_TASK,
     GC_TASK,
+    ROLL_UP_TASK,
     SCHEDULE_RERUNS_TASK,
     SCHEDULE_TELEMETRY_TASK,
     SEND_TASKS_TASK,
@@ -99,6 +100,7 @@ def create_celery(settings: Settings) -> Celery:
         SCHEDULE_RERUNS_TASK: {"queue": Queue.REPORT.value},
         SCHEDULE_TELEMETRY_TASK: {"queue": Queue.REPORT.value},
         GC_TASK: {"queue": Queue.REPORT.value},
+        ROLL_UP_TASK: {"queue": Queue.REPORT.value},
         SEND_TASKS_TASK: {"queue": Queue.REPORT.value},
     }
     holder = _PerProcess(settings, app)
@@ -153,6 +155,9 @@ def create_celery(settings: Settings) -> Celery:
     def gc() -> dict[str, int]:
         return Upkeep(holder.env()).collect_garbage()
 
+    def roll_up() -> int:
+        return Upkeep(holder.env()).roll_up_results()
+
     sender = CelerySender(app)
 
     def send_tasks(batch: dict[str, Any]) -> int:
@@ -168,6 +173,7 @@ def create_celery(settings: Settings) -> Celery:
         (SCHEDULE_RERUNS_TASK, schedule_reruns),
         (SCHEDULE_TELEMETRY_TASK, schedule_telemetry),
         (GC_TASK, gc),
+        (ROLL_UP_TASK, roll_up),
         (SEND_TASKS_TASK, send_tasks),
     ):
         app.task(name=name, **retry)(fn)
@@ -192,6 +198,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": timedelta(seconds=settings.telemetry_every_s),
         },
         "store-gc": {"task": GC_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
+        "results-roll-up": {"task": ROLL_UP_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
     }
     if settings.resolved_broker_url().startswith(("redis://", "rediss://")) and (
         sweep_every_s > BROKER_CHECK_EVERY_S

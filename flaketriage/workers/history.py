@@ -19,15 +19,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow
 from flaketriage.records.history import (
     RECENT,
     HistoryStats,
+    add_totals,
     mark_suspected,
     recent_results,
     same_commit_results,
@@ -116,9 +117,9 @@ class HistoryReader:
         if upload is None:
             return findings
         findings.storm, findings.branch = upload.storm, upload.branch
+        add_totals(self.session, upload_pk)
         if not upload.storm:
-            failed = self._tests(upload_pk, failing=True)
-            self._suspect(upload, failed, findings)
+            self._suspect(upload, self._candidates(upload), findings)
             if upload.branch and upload.branch in self.settings.resolve_branches:
                 self._resolve(upload, findings)
         if upload.pull_request is not None and upload.commit:
@@ -127,19 +128,42 @@ class HistoryReader:
         return findings
 
     # -- suspected flaky ------------------------------------------------------------------------
-    def _tests(self, upload_pk: int, *, failing: bool) -> list[tuple[TestRow, ResultRow]]:
-        """This upload's results that failed, or passed after a failed attempt, with their tests."""
-        query = (
+    def _candidates(self, upload: UploadRow) -> list[tuple[TestRow, ResultRow]]:
+        """This upload's results that may make a test suspect: those that failed (or passed after a
+        failed attempt), and the passes of tests that failed on the same commit before (a job
+        rerun that passed), by test id."""
+        failing = (ResultRow.outcome.in_([ResultOutcome.FAILED.value, ResultOutcome.ERROR.value])) | (
+            ResultRow.failed_attempts > 0
+        )
+        rows = self.session.execute(
             select(TestRow, ResultRow)
             .join(ResultRow, ResultRow.test_pk == TestRow.id)
-            .where(ResultRow.upload_pk == upload_pk)
-        )
-        if failing:
-            query = query.where(
-                (ResultRow.outcome.in_([ResultOutcome.FAILED.value, ResultOutcome.ERROR.value]))
-                | (ResultRow.failed_attempts > 0)
+            .where(ResultRow.upload_pk == upload.id, failing)
+        ).all()
+        if upload.commit:
+            earlier = aliased(ResultRow)
+            failed_before = (
+                select(earlier.id)
+                .where(
+                    earlier.test_pk == ResultRow.test_pk,
+                    earlier.commit == upload.commit,
+                    earlier.upload_pk != upload.id,
+                    earlier.storm.is_(False),
+                    earlier.outcome.in_([ResultOutcome.FAILED.value, ResultOutcome.ERROR.value]),
+                )
+                .exists()
             )
-        return [(t, r) for t, r in self.session.execute(query.order_by(TestRow.test_id))]
+            rows += self.session.execute(
+                select(TestRow, ResultRow)
+                .join(ResultRow, ResultRow.test_pk == TestRow.id)
+                .where(
+                    ResultRow.upload_pk == upload.id,
+                    ResultRow.outcome == ResultOutcome.PASSED.value,
+                    ResultRow.failed_attempts == 0,
+                    failed_before,
+                )
+            ).all()
+        return sorted(((t, r) for t, r in rows), key=lambda pair: (pair[0].test_id, pair[1].id))
 
     def _suspect(
         self, upload: UploadRow, failed: Sequence[tuple[TestRow, ResultRow]], findings: HistoryFindings
@@ -272,6 +296,9 @@ class HistoryReader:
                 self.session.query(QuarantineRow).filter(QuarantineRow.case_id == case.id).delete()
                 findings.resolved.append(case.id)
                 findings.passes[case.id] = passes
+                self.outgoing += refresh_checks(
+                    self.session, self.dispatcher, case, why=f"resolved-{upload.id}"
+                )
 
     def _no_longer_fails(self, case: Case, branch: str) -> int | None:
         """The passes that decided it, when the sequential test, fed the test's results on `branch`
@@ -318,6 +345,27 @@ class HistoryReader:
             options={"check_run": row.id},
         )
         self.outgoing.append(sent)
+
+
+REFRESH_DAYS = 14
+"""A verdict updates the check runs of commits its test failed on in the last two weeks."""
+
+
+def refresh_checks(
+    session: Session, dispatcher: Dispatcher, case: Case, *, why: str
+) -> list[Outgoing | None]:
+    """Ask for the check runs a new verdict about `case` changes to be published again."""
+    outgoing: list[Outgoing | None] = []
+    for row in checks_to_refresh(session, case, since=utc_now() - timedelta(days=REFRESH_DAYS)):
+        _, sent = dispatcher.request(
+            session,
+            key=f"check:{row.id}:case-{case.id}-{why}",
+            step=Step.CHECK,
+            queue=Queue.REPORT,
+            options={"check_run": row.id},
+        )
+        outgoing.append(sent)
+    return outgoing
 
 
 def checks_to_refresh(session: Session, case: Case, *, since: datetime) -> list[CheckRunRow]:

@@ -27,7 +27,7 @@ from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
 from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work, WorkStatus
-from flaketriage.records.models import utc_now
+from flaketriage.records.models import CheckRunRow, utc_now
 from flaketriage.records.transitions import (
     case_decided,
     case_failed,
@@ -41,10 +41,11 @@ from flaketriage.records.transitions import (
 )
 from flaketriage.work.dispatch import Outgoing
 from flaketriage.work.messages import Queue, Step, WorkOrder, task_name
+from flaketriage.workers.check_runs import publish as publish_check
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.evidence import cost_of, findings_of, hang_of
 from flaketriage.workers.gpus import gpu_difference
-from flaketriage.workers.history import HistoryReader
+from flaketriage.workers.history import HistoryReader, refresh_checks
 from flaketriage.workers.leases import Heartbeat, claim, release
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget
@@ -376,6 +377,7 @@ class Pipeline:
                         and self.env.sink is not None,
                     ),
                 ).location
+            outgoing: list[Outgoing | None] = []
             with self.db.session() as session:
                 data = result.to_json()
                 work_done(session, work_id, result={**data, "comment": comment})
@@ -383,6 +385,10 @@ class Pipeline:
                 if case is not None:
                     report_ref = (ref.kind, ref.location) if ref is not None else None
                     case_reported(session, case, evidence=data, report=report_ref)
+                    # The pull requests its test failed in hear the verdict: their check runs are
+                    # updated in place.
+                    outgoing += refresh_checks(session, self.env.dispatcher, case, why=f"report-{work_id}")
+            self.env.dispatcher.send(outgoing)
             return ref.location if ref else "nothing to report"
         except FlaketriageError as exc:
             self._fail(work_id, exc)
@@ -414,6 +420,26 @@ class Pipeline:
                 work_row_done(work, result=findings.to_json())
             self.env.dispatcher.send(reader.outgoing)
             return findings.summary()
+        except FlaketriageError as exc:
+            self._fail(work_id, exc)
+            return "failed"
+
+    def check(self, work_id: int) -> str:
+        """Publish a commit's pull request check run, or update it in place
+        (`flaketriage.workers.check_runs`)."""
+        if not claim(self.db, work_id):
+            return "busy-or-done"
+        try:
+            with self.db.session() as session:
+                work = session.get(Work, work_id)
+                assert work is not None
+                row = session.get(CheckRunRow, int(work.options.get("check_run", 0)))
+                if row is None:
+                    state = "no such check run"
+                else:
+                    state = publish_check(session, row, self.env.checks(), self.env.settings)
+                work_row_done(work, result={"state": state})
+            return state
         except FlaketriageError as exc:
             self._fail(work_id, exc)
             return "failed"
@@ -476,7 +502,7 @@ class Pipeline:
             return "failed"
 
     def _after_rerun(
-        self, session: Session, work: Work, result: TriageResult, _: list[Outgoing | None]
+        self, session: Session, work: Work, result: TriageResult, outgoing: list[Outgoing | None]
     ) -> str:
         fingerprint = str(work.options.get("fingerprint"))
         row = session.get(QuarantineRow, fingerprint)
@@ -491,6 +517,8 @@ class Pipeline:
                 # Inside the transaction: when closing fails, the quarantine stays and the next
                 # rerun lifts it again (closing a closed issue changes nothing).
                 self.env.sink.close(fingerprint, render_lift(result))
+            if case is not None:
+                outgoing += refresh_checks(session, self.env.dispatcher, case, why=f"rerun-{work.id}")
             return "fixed: quarantine lifted"
         row.clean_reruns = 0
         return f"still {result.verdict.verdict}"

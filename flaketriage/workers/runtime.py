@@ -20,6 +20,7 @@ from flaketriage.workers.attribution import RunnerIdentity
 from flaketriage.workers.comments import Commenter
 from flaketriage.workers.replay import ReplayContext, Replayer
 from flaketriage.workers.report import IssueSink
+from flaketriage.workers.report.checks import CheckSink
 from flaketriage.workers.sandbox import Sandbox
 from flaketriage.workers.verdict import VerdictPolicy
 
@@ -43,7 +44,18 @@ class WorkerEnv:
     """The machine this worker replays on: its host and GPUs (`flaketriage.workers.attribution`)."""
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     """This worker process, as replay rows name it beside the runner."""
+    check_sink: CheckSink | None = None
+    """Where pull request check runs go (`checks`): built at first use."""
     _replayers: OrderedDict[tuple[str, str], Replayer] = field(default_factory=OrderedDict)
+
+    def checks(self) -> CheckSink:
+        """The check run sink: GitHub's Checks API when GitHub is configured, else Markdown files in
+        ``FLAKETRIAGE_CHECKS_DIR``."""
+        if self.check_sink is None:
+            from flaketriage.workers.report.backend import open_check_sink
+
+            self.check_sink = open_check_sink(self.settings)
+        return self.check_sink
 
     @property
     def runner(self) -> str:

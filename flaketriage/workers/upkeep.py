@@ -18,6 +18,7 @@ from flaketriage.bundle.io import load_manifest
 from flaketriage.errors import FlaketriageError
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow, Work
+from flaketriage.records.history import roll_up
 from flaketriage.store import open_store
 from flaketriage.store.gc import collect
 from flaketriage.store.retention import retained_bundles
@@ -127,6 +128,17 @@ class Upkeep:
             apply=True,
         )
         return {"bundles": len(report.bundles), "objects": len(report.objects)}
+
+    def roll_up_results(self) -> int:
+        """Fold CI results older than ``FLAKETRIAGE_RESULTS_KEEP_DAYS`` into daily totals per test, a
+        batch per transaction (`flaketriage.records.history.roll_up`); how many were rolled up."""
+        total = 0
+        while True:
+            with self.db.session() as session:
+                done = roll_up(session, keep_days=self.env.settings.results_keep_days)
+            total += done
+            if done == 0:
+                return total
 
     def _queue_of(self, store_url: str, bundle_id: str) -> Queue | str:
         """Where a bundle's telemetry runs: on a GPU runner when it was captured on one (its GPU

@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import select
 
 from flaketriage.records import Case, CaseStatus, Occurrence, Work
-from flaketriage.records.models import TestRow
+from flaketriage.records.history import add_totals
+from flaketriage.records.models import TestRow, UploadRow
 from flaketriage.results import Attempt, ResultsUpload, TestResult
 from flaketriage.signing import signed_headers
 from flaketriage.work.dispatch import MemorySender
@@ -44,6 +45,13 @@ def body(n: int = 1, tests: list[TestResult] | None = None, **fields: Any) -> by
 def post(receiver: Receiver, raw: bytes, *, secret: bytes = EVENTS_SECRET, **headers: str) -> Any:
     signed = signed_headers(secret, raw) | {"Content-Type": "application/json"} | headers
     return receiver.client.post("/v1/results", content=raw, headers=signed)
+
+
+def totals(receiver: Receiver) -> None:
+    """What each upload's history step does first: add its results to the tests' totals."""
+    with receiver.database.session() as session:
+        for upload in session.scalars(select(UploadRow.id)).all():
+            add_totals(session, upload)
 
 
 def test_an_upload_is_accepted_recorded_and_its_history_step_sent(receiver: Receiver) -> None:
@@ -129,6 +137,7 @@ def test_a_broker_that_is_down_loses_nothing(make_receiver: MakeReceiver) -> Non
 def test_tests_are_listed_filtered_and_shown(receiver: Receiver) -> None:
     assert post(receiver, body(1)).status_code == 202
     assert post(receiver, body(2, branch="feature", commit="def5678")).status_code == 202
+    totals(receiver)
     listed = receiver.client.get("/v1/tests", params={"repository": REPO}).json()
     assert {t["test_id"] for t in listed} == {"t::ok", "t::bad", "t::retried"}
     bad = next(t for t in listed if t["test_id"] == "t::bad")
@@ -187,6 +196,7 @@ def quarantine_entry(test_id: str) -> dict[str, Any]:
 
 def test_a_case_shows_its_impact(receiver: Receiver) -> None:
     assert post(receiver, body()).status_code == 202
+    totals(receiver)
     with receiver.database.session() as session:
         case = Case(
             fingerprint="12" * 32, kind="bundle", title="boom", test_id="t::bad", repository=REPO,

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from flaketriage.records import Base, Database
 from flaketriage.records.history import (
     HistoryStats,
+    add_totals,
     is_storm,
     recent_results,
     record_upload,
@@ -46,8 +47,26 @@ def failed(test_id: str, seconds: float = 1.0, **fields: Any) -> TestResult:
 
 
 def record(database: Database, up: ResultsUpload, **kwargs: Any) -> Any:
+    """Recorded as the receiver records it, then its totals added as its history step adds them."""
     with database.session() as session:
-        return record_upload(session, up, storm_share=0.5, storm_min_tests=4, **kwargs)
+        recorded = record_upload(session, up, storm_share=0.5, storm_min_tests=4, **kwargs)
+    if recorded.upload_pk is not None:
+        with database.session() as session:
+            assert add_totals(session, recorded.upload_pk)
+    return recorded
+
+
+def test_totals_are_added_once_by_the_history_step_not_by_the_receiver(database: Database) -> None:
+    with database.session() as session:
+        recorded = record_upload(session, upload(1, [failed("t::a")]), storm_share=0.5, storm_min_tests=4)
+    with database.session() as session:
+        test = session.scalars(select(TestRow)).one()
+        assert (test.runs, test.failures) == (0, 0)  # the receiver only wrote the result
+        assert recorded.upload_pk is not None and add_totals(session, recorded.upload_pk)
+    with database.session() as session:
+        assert not add_totals(session, recorded.upload_pk)  # a retried step adds nothing twice
+        test = session.scalars(select(TestRow)).one()
+        assert (test.runs, test.failures, test.blocked_runs, test.last_outcome) == (1, 1, 1, "failed")
 
 
 def test_the_history_migration_builds_what_the_models_describe(database: Database) -> None:

@@ -112,13 +112,12 @@ def others(n: int = 4) -> list[TestResult]:
 def test_failed_and_passed_on_one_commit_opens_a_suspected_flaky_case(history: History) -> None:
     first = history.upload([failed("t::a"), *others()], commit="abc1234")
     assert first.suspected == [] and first.opened == []  # one failure alone says nothing yet
+    history.upload([passed("t::a"), *others()], commit="def5678")  # another commit: nothing either
     second = history.upload([passed("t::a"), *others()], commit="abc1234", job="rerun")
-    assert second.suspected == []  # a pass is not looked at for flakiness ...
-    third = history.upload([failed("t::a"), *others()], commit="abc1234", job="third")
-    assert third.suspected == ["t::a"]  # ... the next failure on the same commit is
+    assert second.suspected == ["t::a"]  # the job rerun passed where it had failed
     case = history.case(test_id="t::a")
     assert (case.kind, case.status, case.repository) == ("history", CaseStatus.SUSPECTED_FLAKY.value, REPO)
-    assert third.opened == [case.id]
+    assert second.opened == [case.id]
     with history.database.session() as session:
         test = session.scalars(select(TestRow).where(TestRow.test_id == "t::a")).one()
         assert test.suspected_flaky and test.case_id == case.id
@@ -126,6 +125,11 @@ def test_failed_and_passed_on_one_commit_opens_a_suspected_flaky_case(history: H
         assert occurrence.source == "results" and occurrence.provenance["commit"] == "abc1234"
     # Suspected once: its next failures add to its rate, not to its cases.
     assert history.upload([failed("t::a"), *others()], commit="abc1234").suspected == []
+
+
+def test_a_failure_after_a_pass_on_the_same_commit_is_suspected_too(history: History) -> None:
+    assert history.upload([passed("t::a"), *others()], commit="abc1234").suspected == []
+    assert history.upload([failed("t::a"), *others()], commit="abc1234").suspected == ["t::a"]
 
 
 def test_a_pass_on_retry_in_one_job_is_suspected_at_once(history: History) -> None:
@@ -202,3 +206,16 @@ def test_a_pull_request_upload_asks_for_its_check_run_once_per_commit(history: H
     checks = history.sent(Step.CHECK)
     assert len(checks) == 2 and {w.options["check_run"] for w in checks} == {row.id}
     assert history.upload([failed("t::a")]).check is False  # not a pull request
+
+
+def test_the_beat_rolls_old_results_up_on_the_report_queue() -> None:
+    from flaketriage.work.messages import ROLL_UP_TASK
+    from flaketriage.workers.celery_app import beat_schedule, create_celery
+
+    settings = load_settings(broker_url="memory://", gc_every_s=3600)
+    schedule = beat_schedule(settings)
+    assert schedule["results-roll-up"]["task"] == ROLL_UP_TASK
+    assert schedule["results-roll-up"]["schedule"].total_seconds() == 3600
+    app = create_celery(settings)
+    assert ROLL_UP_TASK in app.tasks and app.conf.task_routes[ROLL_UP_TASK] == {"queue": "report"}
+    assert {"flaketriage.history", "flaketriage.check"} <= set(app.tasks)

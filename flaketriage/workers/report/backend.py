@@ -6,6 +6,7 @@ from __future__ import annotations
 from flaketriage.files.modes import FileModes
 from flaketriage.settings import Settings
 from flaketriage.workers.report.base import IssueSink
+from flaketriage.workers.report.checks import CheckSink
 from flaketriage.workers.report.github_client import GitHubClient, GitHubConfig
 from flaketriage.workers.report.markdown import MarkdownIssueSink
 
@@ -25,3 +26,13 @@ def open_issue_sink(settings: Settings) -> IssueSink:
     from flaketriage.workers.report.github_sink import GitHubIssueSink
 
     return GitHubIssueSink(client, comment_interval_s=settings.github_comment_interval_s)
+
+
+def open_check_sink(settings: Settings) -> CheckSink:
+    """`GitHubCheckSink` when GitHub is configured, else `MarkdownCheckSink` in the checks directory."""
+    from flaketriage.workers.report.checks import GitHubCheckSink, MarkdownCheckSink
+
+    client = github_client(settings)
+    if client is None:
+        return MarkdownCheckSink(settings.resolved_checks_dir())
+    return GitHubCheckSink(client)

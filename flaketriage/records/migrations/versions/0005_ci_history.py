@@ -43,6 +43,7 @@ def upgrade() -> None:
         sa.Column("duration_s", sa.Float, nullable=False),
         sa.Column("lost_s", sa.Float, nullable=False),
         sa.Column("storm", sa.Boolean, nullable=False),
+        sa.Column("totals_added", sa.Boolean, nullable=False),
         sa.Column("received_at", _WHEN, nullable=False),
     )
     op.create_index("ix_result_uploads_commit", "result_uploads", ["repository", "commit"])
@@ -67,12 +68,11 @@ def upgrade() -> None:
         sa.Column("case_id", sa.Integer, sa.ForeignKey("cases.id")),
     )
     op.create_index("ix_tests_repository_seen", "tests", ["repository", "last_seen"])
-    op.create_index("ix_tests_suspected_flaky", "tests", ["suspected_flaky"])
     op.create_table(
         "test_results",
         sa.Column("id", _BIG_ID, primary_key=True, autoincrement=True),
-        sa.Column("test_pk", sa.Integer, sa.ForeignKey("tests.id"), nullable=False),
-        sa.Column("upload_pk", sa.Integer, sa.ForeignKey("result_uploads.id"), nullable=False),
+        sa.Column("test_pk", sa.Integer, nullable=False),
+        sa.Column("upload_pk", sa.Integer, nullable=False),
         sa.Column("commit", sa.String(64)),
         sa.Column("branch", sa.String(255)),
         sa.Column("outcome", sa.String(8), nullable=False),
@@ -87,7 +87,6 @@ def upgrade() -> None:
     )
     op.create_index("ix_test_results_test", "test_results", ["test_pk", "id"])
     op.create_index("ix_test_results_commit", "test_results", ["test_pk", "commit"])
-    op.create_index("ix_test_results_received", "test_results", ["received_at"])
     op.create_index("ix_test_results_upload_pk", "test_results", ["upload_pk"])
     op.create_table(
         "test_days",
