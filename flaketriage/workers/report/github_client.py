@@ -1,6 +1,9 @@
 """The connection to GitHub: credentials (a token, or a GitHub App's installation token), PyGithub
 with its retries, and every GitHub failure translated into one `IssueTrackerError`.
 
+Issues go to `GitHubConfig.repo`; check runs go to the repository each CI run came from, any one
+the same credentials reach (`GitHubClient.repository`).
+
 PyGithub (``pip install 'flaketriage[github]'``) is imported when a client first connects, never
 at import. Secondary rate limits (403 or 429 with ``retry-after``) and 5xx answers are retried by
 `github.GithubRetry`, waiting what GitHub asks; a primary rate limit that would need a longer wait
@@ -16,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from flaketriage.dependencies import require
 from flaketriage.errors import ConfigError, IssueTrackerError
@@ -28,6 +31,11 @@ if TYPE_CHECKING:
 
 _EXTRA = "github"
 _NEEDED_FOR = "reporting to GitHub issues"
+MAX_OPEN_REPOS = 256
+"""Repositories a client keeps open for check runs (one ``GET /repos/...`` each, then reused)."""
+
+Access = Literal["issues", "checks"]
+"""What a call needs the credentials to write: a 403 names that permission."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,7 @@ class GitHubClient:
         self.config = config
         self._github: Github | None = None
         self._repo: Repository | None = None
+        self._repos: dict[str, Repository] = {}
         self._lock = threading.Lock()
 
     @property
@@ -150,6 +159,24 @@ class GitHubClient:
                         status=410,
                     )
             return self._repo
+
+    def repository(self, full_name: str) -> Repository:
+        """`full_name` (``owner/name``) through the same sign-in, for check runs: a token reaches
+        what it was granted, a GitHub App's installation token every repository of the installation
+        found for `GitHubConfig.repo`. Opened once (``GET /repos/{owner}/{name}``: a wrong name or a
+        repository out of reach fails here, saying which) and kept; issues need not be enabled."""
+        key = full_name.lower()  # GitHub's names are not case sensitive
+        gh = self.github
+        with self._lock:
+            found = self._repos.get(key)
+        if found is not None:
+            return found
+        with self.calling(f"opening the repository {full_name}", repo=full_name, access="checks"):
+            opened = gh.get_repo(full_name)
+        with self._lock:
+            if len(self._repos) >= MAX_OPEN_REPOS:
+                self._repos.pop(next(iter(self._repos)))  # the oldest: a service sees few at once
+            return self._repos.setdefault(key, opened)
 
     def _retry(self) -> Any:
         github = require("github", _EXTRA, _NEEDED_FOR)
@@ -196,14 +223,21 @@ class GitHubClient:
         return client  # type: ignore[no-any-return]
 
     @contextmanager
-    def calling(self, doing: str, *, app: bool = False) -> Iterator[None]:
-        """Run GitHub calls; any failure becomes an `IssueTrackerError` saying what `doing` needed."""
+    def calling(
+        self, doing: str, *, app: bool = False, repo: str | None = None, access: Access = "issues"
+    ) -> Iterator[None]:
+        """Run GitHub calls; any failure becomes an `IssueTrackerError` saying what `doing` needed.
+
+        `repo` is the repository the calls are about (default `GitHubConfig.repo`) and `access` what
+        they write there, so a 403 or 404 names the right repository and permission."""
         github = require("github", _EXTRA, _NEEDED_FOR)
         requests = require("requests", _EXTRA, _NEEDED_FOR)
         try:
             yield
         except github.GithubException as exc:
-            raise translate(exc.status, exc.data, exc.headers, doing, self.config, app=app) from exc
+            raise translate(
+                exc.status, exc.data, exc.headers, doing, self.config, app=app, repo=repo, access=access
+            ) from exc
         except requests.exceptions.RetryError as exc:
             raise IssueTrackerError(
                 f"GitHub kept failing while {doing} ({_reason(exc)}), also after {self.config.retries} "
@@ -219,13 +253,24 @@ class GitHubClient:
 
 
 def translate(
-    status: int | None, data: Any, headers: Any, doing: str, config: GitHubConfig, *, app: bool = False
+    status: int | None,
+    data: Any,
+    headers: Any,
+    doing: str,
+    config: GitHubConfig,
+    *,
+    app: bool = False,
+    repo: str | None = None,
+    access: Access = "issues",
 ) -> IssueTrackerError:
-    """GitHub's answer `status`/`data` to the request behind `doing`, as one error saying what to check."""
+    """GitHub's answer `status`/`data` to the request behind `doing`, as one error saying what to check.
+
+    `repo` is the repository the request was about (default `config.repo`), `access` what it writes.
+    """
     data = data if isinstance(data, dict) else {"message": str(data or "")}
     said = str(data.get("message") or "").strip()
     answer = f"{status} {said!r}" if said else str(status)
-    repo, api = config.repo, config.api_url
+    repo, api = repo or config.repo, config.api_url
     headers = {str(k).lower(): str(v) for k, v in dict(headers or {}).items()}
     if status == 401:
         who = (
@@ -242,6 +287,15 @@ def translate(
             f"GitHub's rate limit stopped {doing} ({answer}){when}, after waiting as long as allowed; "
             "try again later, or give flaketriage its own token or App so it has its own limit"
         )
+    elif status == 403 and access == "checks":
+        message = (
+            f"GitHub forbade {doing} ({answer}): the credentials cannot write check runs on {repo}. "
+            "Check runs need the Checks: write permission, which only a GitHub App's token carries: "
+            "give the App Checks: write (read and write) and accept the new permission on its "
+            "installation, or in GitHub Actions grant GITHUB_TOKEN `permissions: checks: write` (a "
+            "pull request from a fork gets a read-only token). Personal access tokens and OAuth "
+            "tokens cannot create check runs"
+        )
     elif status == 403:
         message = (
             f"GitHub forbade {doing} ({answer}): the credentials cannot write issues on {repo}. A "
@@ -250,14 +304,26 @@ def translate(
             "permission and an installation on it"
         )
     elif status == 404:
-        what = (
-            f"no installation of the GitHub App {config.app_id} on {repo}: install the App on the "
-            "repository (or set FLAKETRIAGE_GITHUB_APP_INSTALLATION_ID)"
-            if app
-            else f"the repository {repo} does not exist at {api}, or the credentials cannot see it (a "
-            "private repository needs a token or App with access to it); check FLAKETRIAGE_GITHUB_REPO "
-            "(owner/name) and FLAKETRIAGE_GITHUB_API_URL"
-        )
+        if app:
+            what = (
+                f"no installation of the GitHub App {config.app_id} on {repo}: install the App on the "
+                "repository (or set FLAKETRIAGE_GITHUB_APP_INSTALLATION_ID)"
+            )
+        elif access == "checks":
+            reach = (
+                f"the App's installation on {config.repo} must include it"
+                if config.app_id
+                else "the token must have access to it"
+            )
+            what = (
+                f"the repository {repo} does not exist at {api}, or the credentials cannot see it ({reach})"
+            )
+        else:
+            what = (
+                f"the repository {repo} does not exist at {api}, or the credentials cannot see it (a "
+                "private repository needs a token or App with access to it); check "
+                "FLAKETRIAGE_GITHUB_REPO (owner/name) and FLAKETRIAGE_GITHUB_API_URL"
+            )
         message = f"GitHub found nothing while {doing} ({answer}): {what}"
     elif status == 410:
         message = (
@@ -267,10 +333,14 @@ def translate(
         )
     elif status == 422:
         errors = "; ".join(_validation(e) for e in data.get("errors") or [])
+        cause = (
+            f"the commit must be one of {repo}'s (a pull request's head commit is, forks included)"
+            if access == "checks"
+            else f"a repository rule on {repo} may forbid it"
+        )
         message = (
-            f"GitHub refused {doing} as invalid ({answer}{': ' + errors if errors else ''}); a "
-            f"repository rule on {repo} may forbid it, or this is a flaketriage bug: report it with "
-            "this message"
+            f"GitHub refused {doing} as invalid ({answer}{': ' + errors if errors else ''}); {cause}, "
+            "or this is a flaketriage bug: report it with this message"
         )
     elif status is not None and status >= 500:
         message = (
