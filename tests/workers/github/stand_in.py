@@ -5,7 +5,9 @@ Covered: ``GET /repos/{o}/{r}``; issues create/get/edit/list (labels, state, sin
 pagination with ``Link`` headers); comments create/list/get/edit; labels list/create; ``GET
 /search/issues`` (``total_count``/``incomplete_results``/``items``, with an index that lags behind
 new issues by `search_lag_s`); a GitHub App's ``GET /repos/{o}/{r}/installation`` and ``POST
-/app/installations/{id}/access_tokens`` behind an RS256 JWT checked with the App's public key.
+/app/installations/{id}/access_tokens`` behind an RS256 JWT checked with the App's public key;
+check runs: ``POST /repos/{o}/{r}/check-runs``, ``GET`` and ``PATCH .../check-runs/{id}``, ``GET
+/repos/{o}/{r}/commits/{ref}/check-runs`` (``check_name``, ``status``, ``filter``, pagination).
 
 Enforced: ``Authorization: token ...`` or ``Bearer ...`` on every call (401 ``Bad credentials``),
 404 for repositories the credentials cannot see and for unknown issues, 410 when issues are
@@ -13,10 +15,21 @@ disabled, 403 for a read-only token's writes, 422 validation errors (a missing t
 65,536 characters, a label that exists, a bad state), the ``x-ratelimit-*`` headers on every
 answer, and scripted faults: secondary rate limits (403 with ``retry-after``, or 429), 5xx.
 Bodies follow GitHub's documented examples (url, html_url, number, state, labels, user, dates).
+
+Check runs follow GitHub's documentation (docs.github.com/rest/checks/runs): writes need the Checks
+permission (403 ``You must authenticate via a GitHub App.`` for a token that is not an App's, 403
+``Resource not accessible by integration`` for an App's token without Checks: write); 422 for a
+missing ``name`` or ``head_sha``, a commit the repository lacks, a status GitHub reserves for Actions,
+status ``completed`` (or a ``completed_at``) without a conclusion, ``stale``, an ``output`` without
+title or summary, an ``output.summary`` or ``output.text`` over 65,535 characters, more than 50
+annotations, a ``details_url`` that is not http(s); 404 for an unknown check run. A conclusion
+completes the run, a status of queued or in_progress reopens it. Responses have the shape of the
+documented example recorded in ``check_run_example.json`` (the "Get a check run" response).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -25,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -34,6 +48,17 @@ DOCS = "https://docs.github.com/rest"
 MAX_BODY = 65536
 MAX_TITLE = 256
 BOT = "flaketriage-bot"
+MAX_CHECK_OUTPUT = 65535
+MAX_ANNOTATIONS = 50
+CHECK_STATUSES = ("queued", "in_progress", "completed")
+ACTIONS_STATUSES = ("waiting", "requested", "pending")
+"""Statuses GitHub reserves for GitHub Actions' own check runs."""
+CHECK_CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success", "skipped", "timed_out")
+"""What an App may conclude (``stale`` is GitHub's alone)."""
+CHECK_RUN_EXAMPLE: dict[str, Any] = json.loads(
+    (Path(__file__).with_name("check_run_example.json")).read_text(encoding="utf-8")
+)
+"""GitHub's documented check run (the example response of "Get a check run")."""
 
 
 def _now() -> datetime:
@@ -51,6 +76,9 @@ class Token:
     repos: set[str] | None = None
     write: bool = True
     expires_at: datetime | None = None
+    checks: str | None = "write"
+    """The Checks permission of an App's token (``write``, ``read``); None: not an App's token (a
+    personal access token), which GitHub never lets write check runs."""
 
 
 @dataclass
@@ -59,6 +87,8 @@ class App:
     public_key: str
     installations: dict[int, set[str]] = field(default_factory=dict)
     """Installation id → the repositories it is installed on."""
+    checks: str | None = "write"
+    """The App's Checks permission, which its installation tokens carry."""
 
 
 @dataclass
@@ -72,6 +102,9 @@ class Repo:
     labels: dict[str, dict[str, Any]] = field(default_factory=dict)
     indexed_at: dict[int, datetime] = field(default_factory=dict)
     """When each issue became searchable (its creation plus the index lag)."""
+    check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    commits: set[str] | None = None
+    """The commits check runs may name; None: any 40-hex SHA."""
 
 
 @dataclass
@@ -147,11 +180,22 @@ class GitHubStandIn:
             self.repos[full_name] = repo
             return repo
 
-    def add_token(self, token: str, *, repos: set[str] | None = None, write: bool = True) -> None:
-        self.tokens[token] = Token(repos=repos, write=write)
+    def add_token(
+        self, token: str, *, repos: set[str] | None = None, write: bool = True, checks: str | None = "write"
+    ) -> None:
+        """A token; `checks` is its Checks permission (``write``, ``read``: an App's token such as
+        GitHub Actions' ``GITHUB_TOKEN``), None for a personal access token."""
+        self.tokens[token] = Token(repos=repos, write=write, checks=checks)
 
-    def add_app(self, app_id: str, public_key_pem: str, installations: dict[int, set[str]]) -> None:
-        self.apps[app_id] = App(app_id, public_key_pem, installations)
+    def add_app(
+        self,
+        app_id: str,
+        public_key_pem: str,
+        installations: dict[int, set[str]],
+        *,
+        checks: str | None = "write",
+    ) -> None:
+        self.apps[app_id] = App(app_id, public_key_pem, installations, checks=checks)
 
     def fail(
         self,
@@ -199,6 +243,17 @@ class GitHubStandIn:
         with self.lock:
             repo = self.repos[full_name]
             return [dict(c) for _, c in sorted(repo.comments.items()) if c["_issue"] == number]
+
+    def check_runs(self, full_name: str = "acme/models", head_sha: str | None = None) -> list[dict[str, Any]]:
+        """The check runs of `full_name` (of the commit `head_sha`), oldest first."""
+        with self.lock:
+            runs = [copy.deepcopy(r) for _, r in sorted(self.repos[full_name].check_runs.items())]
+        return [r for r in runs if head_sha is None or r["head_sha"] == head_sha]
+
+    def delete_check_run(self, ident: int, full_name: str = "acme/models") -> None:
+        """Make a check run gone (as when GitHub drops old runs past 1,000 of a name)."""
+        with self.lock:
+            del self.repos[full_name].check_runs[ident]
 
     def calls_to(self, method: str, path: str) -> list[Call]:
         return [c for c in self.calls if c.method == method and re.fullmatch(path, c.path)]
@@ -449,6 +504,10 @@ class Api:
         ("GET", r"/repos/([^/]+/[^/]+)/labels", "list_labels"),
         ("POST", r"/repos/([^/]+/[^/]+)/labels", "create_label"),
         ("GET", r"/search/issues", "search_issues"),
+        ("POST", r"/repos/([^/]+/[^/]+)/check-runs", "create_check_run"),
+        ("GET", r"/repos/([^/]+/[^/]+)/check-runs/(\d+)", "get_check_run"),
+        ("PATCH", r"/repos/([^/]+/[^/]+)/check-runs/(\d+)", "update_check_run"),
+        ("GET", r"/repos/([^/]+/[^/]+)/commits/([^/]+)/check-runs", "list_check_runs_for_ref"),
     )
 
     def route(self, method: str, path: str, body: Any) -> Result:
@@ -499,7 +558,7 @@ class Api:
             raise ApiError(404, "Not Found")
         value = f"ghs_{next(self.s._ids):036d}"
         expires = _now() + timedelta(hours=1)
-        self.s.tokens[value] = Token(repos=set(repos), write=True, expires_at=expires)
+        self.s.tokens[value] = Token(repos=set(repos), write=True, expires_at=expires, checks=app.checks)
         return (
             201,
             {
@@ -780,6 +839,157 @@ class Api:
         items.sort(key=lambda i: i["created_at"], reverse=order == "desc")
         status, page, headers = self.page(items, "/search/issues")
         return status, {"total_count": len(items), "incomplete_results": False, "items": page}, headers
+
+    # -- check runs -------------------------------------------------------------------------------
+    def checks_repo(self, full_name: str, *, write: bool = False) -> Repo:
+        repo = self.repo(full_name)
+        token = self.token()
+        if write and token.checks is None:
+            raise ApiError(403, "You must authenticate via a GitHub App.")
+        if write and token.checks != "write":
+            raise ApiError(403, "Resource not accessible by integration")
+        return repo
+
+    def _check_run(self, repo: Repo, ident: str) -> dict[str, Any]:
+        run = repo.check_runs.get(int(ident))
+        if run is None:
+            raise ApiError(404, "Not Found")
+        return run
+
+    @staticmethod
+    def _invalid(field_name: str, code: str = "invalid", message: str | None = None) -> ApiError:
+        error: dict[str, Any] = {"resource": "CheckRun", "code": code, "field": field_name}
+        if message:
+            error["message"] = message
+        return ApiError(422, "Validation Failed", errors=[error])
+
+    def _check_fields(self, repo: Repo, body: dict[str, Any], run: dict[str, Any] | None) -> dict[str, Any]:
+        """The fields `body` sets, validated as GitHub documents; `run` is the run being updated."""
+        changes: dict[str, Any] = {}
+        for key in ("name", "external_id", "details_url"):
+            if key in body:
+                if not isinstance(body[key], str) or (key == "name" and not body[key].strip()):
+                    raise self._invalid(key)
+                changes[key] = body[key]
+        if "details_url" in changes and not re.fullmatch(r"https?://[^\s/]+\S*", changes["details_url"]):
+            raise self._invalid("details_url", message="details_url must be a valid http(s) URL")
+        if "head_sha" in body:
+            sha = body["head_sha"]
+            if (
+                not isinstance(sha, str)
+                or not re.fullmatch(r"[0-9a-f]{40}", sha)
+                or (repo.commits is not None and sha not in repo.commits)
+            ):
+                raise ApiError(422, f"No commit found for SHA: {sha}")
+            changes["head_sha"] = sha
+        status = body.get("status")
+        if status is not None and status not in CHECK_STATUSES:
+            raise self._invalid("status", message=(
+                f"{status} is reserved for GitHub Actions" if status in ACTIONS_STATUSES else None
+            ))  # fmt: skip
+        conclusion = body.get("conclusion")
+        if conclusion is not None and conclusion not in CHECK_CONCLUSIONS:
+            raise self._invalid("conclusion")
+        now = _iso(_now())
+        if conclusion is not None:  # a conclusion completes the run, whatever the status says
+            changes.update(status="completed", conclusion=conclusion, completed_at=now)
+        elif status == "completed" or "completed_at" in body:
+            if run is None or run["conclusion"] is None:
+                raise self._invalid("conclusion", "missing_field", "conclusion is required to complete")
+            changes["status"] = "completed"
+        elif status is not None:  # queued or in_progress: open (again)
+            changes.update(status=status, conclusion=None, completed_at=None)
+        if "output" in body:
+            changes["output"] = self._check_output(body["output"], changes, run)
+        return changes
+
+    def _check_output(
+        self, output: Any, changes: dict[str, Any], run: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if not isinstance(output, dict):
+            raise self._invalid("output")
+        for key in ("title", "summary"):
+            if not isinstance(output.get(key), str) or not output[key]:
+                raise self._invalid(f"output.{key}", "missing_field")
+        for key in ("summary", "text"):
+            value = output.get(key)
+            if value is not None and (not isinstance(value, str) or len(value) > MAX_CHECK_OUTPUT):
+                raise self._invalid(
+                    f"output.{key}", "custom", f"{key} is too long (maximum is {MAX_CHECK_OUTPUT} characters)"
+                )
+        annotations = output.get("annotations") or []
+        if not isinstance(annotations, list) or len(annotations) > MAX_ANNOTATIONS:
+            raise self._invalid("output.annotations", message=f"at most {MAX_ANNOTATIONS} per request")
+        count = (run["output"]["annotations_count"] if run else 0) + len(annotations)
+        return {
+            "title": output["title"],
+            "summary": output["summary"],
+            "text": output.get("text"),
+            "annotations_count": count,
+        }
+
+    def check_run_json(self, repo: Repo, run: dict[str, Any]) -> dict[str, Any]:
+        """`run` in the shape of GitHub's documented example (`CHECK_RUN_EXAMPLE`)."""
+        shape = copy.deepcopy(CHECK_RUN_EXAMPLE)
+        api = f"{self.s.url}/repos/{repo.full_name}/check-runs/{run['id']}"
+        shape.update({k: v for k, v in run.items() if not k.startswith("_")})
+        shape.update(
+            node_id=f"CR_{run['id']}",
+            url=api,
+            html_url=f"{self.s.origin}/{repo.full_name}/runs/{run['id']}",
+            output={**run["output"], "annotations_url": api + "/annotations"},
+            check_suite={"id": run["_suite"]},
+            pull_requests=[],
+        )
+        shape["app"].update(id=15368, slug="flaketriage", name="flaketriage", node_id="MDM6QXBwMTUzNjg=")
+        return shape
+
+    def create_check_run(self, full_name: str, body: Any) -> Result:
+        repo = self.checks_repo(full_name, write=True)
+        body = body if isinstance(body, dict) else {}
+        for key in ("name", "head_sha"):
+            if key not in body:
+                raise self._invalid(key, "missing_field")
+        changes = self._check_fields(repo, body, None)
+        ident = next(self.s._ids)
+        run: dict[str, Any] = {
+            "id": ident,
+            "external_id": "",
+            "details_url": f"{self.s.origin}/apps/flaketriage",  # the App's page, as GitHub does
+            "status": "queued",
+            "conclusion": None,
+            "started_at": _iso(_now()),
+            "completed_at": None,
+            "output": {"title": None, "summary": None, "text": None, "annotations_count": 0},
+            "_suite": next(self.s._ids),
+        }
+        run.update(changes)
+        repo.check_runs[ident] = run
+        return 201, self.check_run_json(repo, run), {}
+
+    def get_check_run(self, full_name: str, ident: str, body: Any) -> Result:
+        repo = self.checks_repo(full_name)
+        return 200, self.check_run_json(repo, self._check_run(repo, ident)), {}
+
+    def update_check_run(self, full_name: str, ident: str, body: Any) -> Result:
+        repo = self.checks_repo(full_name, write=True)
+        run = self._check_run(repo, ident)
+        run.update(self._check_fields(repo, body if isinstance(body, dict) else {}, run))
+        return 200, self.check_run_json(repo, run), {}
+
+    def list_check_runs_for_ref(self, full_name: str, ref: str, body: Any) -> Result:
+        repo = self.checks_repo(full_name)
+        runs = [r for _, r in sorted(repo.check_runs.items()) if r["head_sha"] == ref]
+        if self.q("check_name"):
+            runs = [r for r in runs if r["name"] == self.q("check_name")]
+        if self.q("status"):
+            runs = [r for r in runs if r["status"] == self.q("status")]
+        if (self.q("filter") or "latest") == "latest":
+            runs = list({r["name"]: r for r in runs}.values())  # the newest of each name
+        runs.reverse()  # newest first
+        items = [self.check_run_json(repo, r) for r in runs]
+        status, page, headers = self.page(items, f"/repos/{full_name}/commits/{ref}/check-runs")
+        return status, {"total_count": len(items), "check_runs": page}, headers
 
     # -- pagination -------------------------------------------------------------------------------
     def page(self, items: list[Any], path: str) -> Result:
