@@ -12,8 +12,7 @@ from github import GithubException
 
 from flaketriage.errors import IssueTrackerError
 from flaketriage.workers.report import CheckFailure, CheckSummary
-from flaketriage.workers.report.checks import MAX_OUTPUT, CheckState
-from flaketriage.workers.report.github_checks import GitHubCheckSink
+from flaketriage.workers.report.checks import MAX_OUTPUT, CheckState, GitHubCheckSink
 from flaketriage.workers.report.github_client import GitHubClient
 from tests.workers.github.conftest import REPO, config
 from tests.workers.github.stand_in import CHECK_RUN_EXAMPLE, GitHubStandIn

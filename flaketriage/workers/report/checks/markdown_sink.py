@@ -13,15 +13,15 @@ from pathlib import Path
 from flaketriage.errors import ReportError
 from flaketriage.files import atomic
 from flaketriage.files.modes import OWNER_ONLY, FileModes
-from flaketriage.workers.report.checks import (
+from flaketriage.workers.report.checks.base import (
     CheckOutput,
     CheckRef,
     CheckSink,
     CheckSummary,
     check_head_sha,
-    render_check,
     split_repository,
 )
+from flaketriage.workers.report.checks.render import render_check
 
 _STATUS_WORDS = {"in_progress": "in progress", "completed": "completed"}
 

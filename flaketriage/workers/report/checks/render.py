@@ -1,42 +1,35 @@
-"""The pull request's check run: what flaketriage knows about one CI run's failures (`CheckSummary`),
-rendered as a check run's title, status, conclusion and Markdown (`render_check`), and the
-`CheckSink` base of the sinks that keep ONE check run per repository and head commit, updated in
-place as verdicts arrive: GitHub's Checks API (`flaketriage.workers.report.github_checks`) and
-Markdown files (`flaketriage.workers.report.markdown_checks`).
+"""`render_check`: a `CheckSummary` as a check run's title, status, conclusion and Markdown.
 
 Everything that comes from outside (test ids, variants, job names, messages) is shown in code spans
 after `flaketriage.text.printable.printable`, so it is one line of encodable text (a NUL or a lone
 surrogate written as its escape) that makes no link, image, HTML, mention or ``#123`` reference and
 never starts a line of its own (a ``flaketriage-bundle:`` line would start a triage). URLs become
-links only when they are plain ``http(s)`` with the characters Markdown cares about percent-encoded;
-any other is shown as text.
+links only through `safe_url`; any other is shown as text. Each of the summary and the text is
+fitted to GitHub's limit, the longest lists cut first, saying how many entries were left out.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import re
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
-from urllib.parse import quote, urlsplit
 
-from flaketriage.errors import ReportError
 from flaketriage.text.markdown import code_span
 from flaketriage.text.printable import printable
 from flaketriage.text.titles import clip
+from flaketriage.workers.report.checks.base import (
+    MAX_OUTPUT,
+    CheckConclusion,
+    CheckFailure,
+    CheckOutput,
+    CheckState,
+    CheckSummary,
+    check_head_sha,
+    safe_url,
+    split_repository,
+)
 
-CheckState = Literal["quarantined", "flaky", "real", "triaging", "new"]
-CheckStatus = Literal["in_progress", "completed"]
-CheckConclusion = Literal["success", "failure", "neutral"]
-
-CHECK_NAME = "flaketriage"
-"""The check run's name on GitHub (one per head commit, updated in place)."""
-MAX_OUTPUT = 65535
-"""GitHub's limit on ``output.summary`` and on ``output.text``. It is documented in characters; the
-output is fitted to this many UTF-8 bytes, which is never fewer characters, nor UTF-16 units."""
 MAX_TITLE = 255
 MAX_ID = 300
 MAX_MESSAGE = 300
@@ -44,7 +37,6 @@ MAX_NAME = 100
 """Characters of one job name or variant shown."""
 MAX_JOBS = 5
 """Job names shown per failure, and (times four) per infrastructure outage."""
-MAX_URL = 2000
 MAX_ENTRIES = MAX_OUTPUT // len("- `x`\n\n") + 1
 """Entries rendered per section at most: more could never fit (the rest are only counted)."""
 
@@ -63,118 +55,6 @@ _MEANING = {
     "flaky": "fails only some of the time, whatever the change",
     "quarantined": "known flaky and quarantined: its failures do not count",
 }
-_OWNER_OR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-_SHA = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
-_URL = re.compile(r"https?://[!-~]+", re.IGNORECASE)
-_URL_SAFE = "!#$%&+,-./:;=?@_~"
-"""What stays as it is in a link: everything else (``( ) [ ] < > ` ' " \\ *``) is percent-encoded,
-so no URL can end the link early or turn into Markdown."""
-
-
-@dataclass(frozen=True)
-class CheckFailure:
-    """One failed test of the CI run and what flaketriage knows about it."""
-
-    test_id: str
-    variant: str
-    """The variant key (``gpu=none,os=linux,python=3.12``); empty when the run has one variant."""
-    state: CheckState
-    rate: tuple[float, float, float] | None
-    """The failure rate (estimate, low, high) as fractions of runs, for flaky and quarantined tests."""
-    issue_url: str | None
-    case_url: str | None
-    message: str | None
-    """The failure message (its first line is shown)."""
-    jobs: tuple[str, ...]
-    """The jobs it failed in."""
-    passed_on_retry: bool
-
-
-@dataclass(frozen=True)
-class CheckSummary:
-    """One CI run of a pull request's head commit, as its check run shows it."""
-
-    repository: str
-    """``owner/name``: where the check run goes."""
-    head_sha: str
-    pull_request: int | None
-    tests: int
-    """Tests that ran."""
-    failures: tuple[CheckFailure, ...]
-    """Failures of the jobs not in `storm_jobs` (an outage's are not listed one by one)."""
-    storm_jobs: tuple[str, ...]
-    """Jobs where most tests failed at once: an infrastructure outage, shown as one line."""
-    details_url: str | None
-
-
-@dataclass(frozen=True)
-class CheckOutput:
-    """A rendered check run: `title` at most 255 characters, `summary` and `text` Markdown within
-    `MAX_OUTPUT` each; `conclusion` is what the run concludes once `status` is completed."""
-
-    title: str
-    summary: str
-    text: str
-    status: CheckStatus
-    conclusion: CheckConclusion
-
-
-@dataclass(frozen=True)
-class CheckRef:
-    """Where a check run is: `location` is the check run's id as text, or the file's path; `url`
-    its page (None for a file). Give `location` back to `CheckSink.publish` to update it."""
-
-    kind: Literal["github", "markdown"]
-    location: str
-    url: str | None
-
-
-class CheckSink(ABC):
-    """Where check runs go: one per repository and head commit, updated in place."""
-
-    kind: ClassVar[Literal["github", "markdown"]]
-
-    @abstractmethod
-    def publish(self, summary: CheckSummary, existing: str | None = None) -> CheckRef:
-        """Show `summary` in the check run of its repository and head commit: the one `existing`
-        locates (the `CheckRef.location` an earlier publish returned) updated in place, or a new one
-        when `existing` is None or gone. Calls for one commit must not run at the same time (the
-        caller serializes them). Raises `ReportError` (`IssueTrackerError` for GitHub's refusals)."""
-
-
-# -- names ------------------------------------------------------------------------------------------
-def split_repository(repository: str) -> tuple[str, str]:
-    """``owner/name`` as (owner, name), each letters, digits, ``-``, ``_`` and ``.`` (not ``.`` or
-    ``..``), as GitHub allows; anything else, a path in particular, is a `ReportError`."""
-    owner, slash, name = repository.partition("/")
-    if not slash or not all(_OWNER_OR_NAME.fullmatch(p) and p not in (".", "..") for p in (owner, name)):
-        raise ReportError(
-            f"the repository {printable(repository)!r} is not owner/name (letters, digits, '-', '_' "
-            "and '.'); pass the repository the CI run belongs to, as GitHub names it"
-        )
-    return owner, name
-
-
-def check_head_sha(sha: str) -> str:
-    """`sha` in lower case when it is a whole commit id (40 or 64 hex digits); else `ReportError`."""
-    if not _SHA.fullmatch(sha):
-        raise ReportError(
-            f"the head commit {printable(sha)!r} is not a whole commit id (40 or 64 hex digits); pass "
-            "the pull request's head SHA as GitHub reports it"
-        )
-    return sha.lower()
-
-
-def safe_url(url: str | None) -> str | None:
-    """`url` fit for a Markdown link and GitHub's ``details_url``: an ``http(s)`` URL of printable
-    ASCII with a host, with the characters Markdown cares about percent-encoded; None otherwise."""
-    if url is None or len(url) > MAX_URL or not _URL.fullmatch(url):
-        return None
-    try:
-        host = urlsplit(url).netloc
-    except ValueError:  # a broken IPv6 host ("http://[::1")
-        return None
-    return quote(url, safe=_URL_SAFE) if host else None
 
 
 # -- rendering ----------------------------------------------------------------------------------------

@@ -16,17 +16,17 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from flaketriage.errors import IssueTrackerError
-from flaketriage.workers.report.checks import (
+from flaketriage.workers.report.checks.base import (
     CHECK_NAME,
     CheckOutput,
     CheckRef,
     CheckSink,
     CheckSummary,
     check_head_sha,
-    render_check,
     safe_url,
     split_repository,
 )
+from flaketriage.workers.report.checks.render import render_check
 from flaketriage.workers.report.github_client import GitHubClient
 
 if TYPE_CHECKING:
