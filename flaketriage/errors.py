@@ -26,7 +26,7 @@
     ├── GitError                      a git command failed or timed out, or git is not installed
     ├── MinimizeError                 reducing a failing bundle
     ├── BudgetSpentError              a triage's budget (FLAKETRIAGE_TRIAGE_BUDGET_S) ran out before a replay
-    ├── ReportError                   writing an issue or a quarantine entry
+    ├── ReportError                   writing an issue, a check run or a quarantine entry
     │   └── IssueTrackerError         GitHub refused or failed a call (``status``: its HTTP status)
     ├── QuarantineError               a quarantine document that cannot be read (damaged, another version)
     ├── ResultsError                  a CI results file that cannot be read (not JUnit XML, a DTD or
@@ -215,7 +215,7 @@ class BudgetSpentError(FlaketriageError):
 
 
 class ReportError(FlaketriageError):
-    """Writing an issue or a quarantine entry failed."""
+    """Writing an issue, a check run or a quarantine entry failed."""
 
 
 class IssueTrackerError(ReportError):
