@@ -51,6 +51,11 @@ COMMAND = re.compile(
 """A ``/flaketriage triage <bundle-id>`` line of a comment (blanks as in `BUNDLE_LINE`)."""
 
 
+CHECK_RUN_NAME = "flaketriage"
+"""The name of flaketriage's own pull request check run (`flaketriage.workers.report.checks.CHECK_NAME`;
+the service does not import the workers, a test keeps the two equal): its failing is no new failure."""
+
+
 def _fingerprint(*parts: str) -> str:
     return hashlib.sha256("|".join(parts).encode("utf-8")).hexdigest()
 
@@ -120,6 +125,9 @@ def _check_run(payload: dict[str, Any], policy: StorePolicy) -> Parsed:
     check = field_of(payload, "check_run", dict)
     if check.get("conclusion") != "failure":
         return Parsed(handled=False)
+    if check.get("name") == CHECK_RUN_NAME:
+        # flaketriage's own pull request check run failing says what flaketriage already knows.
+        return Parsed(handled=False, notes=[f"the {CHECK_RUN_NAME} check run is flaketriage's own"])
     repo = field_of(payload, "repository.full_name")
     name = field_of(check, "name")
     output = check.get("output") if isinstance(check.get("output"), dict) else {}

@@ -314,7 +314,7 @@ def add_totals(session: Session, upload_pk: int) -> bool:
         .where(UploadRow.id == upload_pk, UploadRow.totals_added.is_(False))
         .values(totals_added=True)
     )
-    if not done.rowcount:
+    if not getattr(done, "rowcount", 0):
         return False
     session.execute(text(_ADD_TOTALS), {"upload": upload_pk})
     return True

@@ -132,11 +132,12 @@ def _github(env: Mapping[str, str]) -> RunContext:
     if ref.startswith("refs/pull/"):
         pull_request = _int(ref.split("/")[2])
     event = _github_event(env.get("GITHUB_EVENT_PATH"))
-    pr = event.get("pull_request") if isinstance(event.get("pull_request"), dict) else None
-    if pr is not None:
+    pr = event.get("pull_request")
+    if isinstance(pr, dict):
         pull_request = pull_request or _int(str(pr.get("number", "")))
-        head = pr.get("head") if isinstance(pr.get("head"), dict) else {}
-        commit = _sha(str(head.get("sha", ""))) or commit
+        head = pr.get("head")
+        if isinstance(head, dict):
+            commit = _sha(str(head.get("sha", ""))) or commit
     return RunContext(
         repository=repository,
         branch=env.get("GITHUB_HEAD_REF") or env.get("GITHUB_REF_NAME"),

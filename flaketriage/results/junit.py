@@ -29,6 +29,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from xml.etree.ElementTree import Element, ParseError
 
 from flaketriage.errors import ResultsError
@@ -95,7 +96,11 @@ def read_junit(data: bytes, *, name: str = "the file") -> list[TestResult]:
         )
     from junitparser.xunit2 import JUnitXml, TestSuite
 
-    suites = [TestSuite.fromelem(root)] if root.tag == "testsuite" else list(JUnitXml.fromroot(root))
+    suites: list[Any] = (
+        [TestSuite.fromelem(root)]  # type: ignore[no-untyped-call]
+        if root.tag == "testsuite"
+        else list(JUnitXml.fromroot(root))  # type: ignore[arg-type]
+    )
     tags = _Tags.of()
     merged: dict[str, list[_Run]] = {}
     count = 0
@@ -142,8 +147,8 @@ class _Tags:
 _Run = tuple[Outcome, float, str | None, list[Attempt]]
 
 
-class _Refused(Exception):
-    """What the checking pass raises at a DTD or an entity declaration."""
+class _Refused(ResultsError):
+    """What the checking pass raises at a DTD or an entity declaration (caught, and said whole)."""
 
 
 def _refuse(*_: object) -> None:
@@ -167,7 +172,7 @@ def _parse(data: bytes, name: str) -> Element:
     checker.StartDoctypeDeclHandler = _refuse
     checker.EntityDeclHandler = _refuse
     checker.UnparsedEntityDeclHandler = _refuse
-    checker.ExternalEntityRefHandler = _refuse
+    checker.ExternalEntityRefHandler = _refuse  # type: ignore[assignment]
     try:
         checker.Parse(data, True)
         return ElementTree.fromstring(data)

@@ -30,9 +30,11 @@ _UNDER_WAY = {
 }
 
 
-def gather(session: Session, row: CheckRunRow, *, case_url: str | None = None) -> CheckSummary:
+def gather(
+    session: Session, row: CheckRunRow, *, case_url: str | None = None, details_url: str | None = None
+) -> CheckSummary:
     """The check run of `row`'s commit, as the records say now. `case_url` (with ``{id}``) links
-    each failure's case."""
+    each failure's case; `details_url` is where the check run's "Details" leads."""
     uploads = list(
         session.scalars(
             select(UploadRow).where(UploadRow.repository == row.repository, UploadRow.commit == row.head_sha)
@@ -69,7 +71,7 @@ def gather(session: Session, row: CheckRunRow, *, case_url: str | None = None) -
         tests=sum(u.tests for u in uploads),
         failures=tuple(failures),
         storm_jobs=tuple(sorted({u.job or "job" for u in uploads if u.storm})),
-        details_url=None,
+        details_url=details_url,
     )
 
 
@@ -120,11 +122,11 @@ def _failure(
     }
     if covering:
         e = covering[0]
-        rate = (e.evidence.rate.estimate, e.evidence.rate.low, e.evidence.rate.high)
-        return CheckFailure(state="quarantined", rate=rate, issue_url=e.issue_url, **common)
+        held = (e.evidence.rate.estimate, e.evidence.rate.low, e.evidence.rate.high)
+        return CheckFailure(state="quarantined", rate=held, issue_url=e.issue_url, **common)
     if case is None:
         return CheckFailure(state="new", rate=None, issue_url=None, **common)
-    rate = _rate(case.evidence)
+    rate: tuple[float, float, float] | None = _rate(case.evidence)
     if case.status == CaseStatus.FIXED.value:
         return CheckFailure(state="new", rate=None, issue_url=case.report_url, **common)
     if case.status in _UNDER_WAY or not case.verdict:
@@ -148,8 +150,13 @@ def _rate(evidence: dict[str, Any] | None) -> tuple[float, float, float] | None:
 
 def publish(session: Session, row: CheckRunRow, sink: CheckSink, settings: Settings) -> str:
     """Gather and publish `row`'s check run (in place when it was published before); the state."""
-    base = settings.resolved_service_url()
-    summary = gather(session, row, case_url=f"{base.rstrip('/')}/v1/cases/{{id}}" if base else None)
+    base = (settings.resolved_service_url() or "").rstrip("/")
+    summary = gather(
+        session,
+        row,
+        case_url=f"{base}/v1/cases/{{id}}" if base else None,
+        details_url=f"{base}/v1/tests?repository={row.repository}" if base else None,
+    )
     ref = sink.publish(summary, row.location)
     row.kind, row.location, row.url = ref.kind, ref.location, ref.url
     return f"check run {ref.kind} {ref.location}: {len(summary.failures)} failure(s)"

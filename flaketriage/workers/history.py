@@ -135,11 +135,13 @@ class HistoryReader:
         failing = (ResultRow.outcome.in_([ResultOutcome.FAILED.value, ResultOutcome.ERROR.value])) | (
             ResultRow.failed_attempts > 0
         )
-        rows = self.session.execute(
-            select(TestRow, ResultRow)
-            .join(ResultRow, ResultRow.test_pk == TestRow.id)
-            .where(ResultRow.upload_pk == upload.id, failing)
-        ).all()
+        rows = list(
+            self.session.execute(
+                select(TestRow, ResultRow)
+                .join(ResultRow, ResultRow.test_pk == TestRow.id)
+                .where(ResultRow.upload_pk == upload.id, failing)
+            ).all()
+        )
         if upload.commit:
             earlier = aliased(ResultRow)
             failed_before = (

@@ -188,6 +188,19 @@ def test_a_check_run_naming_only_missing_bundles_records_the_check(
     assert len(receiver.cases()) == 1 and receiver.works() == []
 
 
+def test_flaketriages_own_check_run_failing_opens_no_case(receiver: Receiver, load_payload: Load) -> None:
+    from flaketriage.orchestrator.github_hooks import CHECK_RUN_NAME
+    from flaketriage.workers.report.checks import CHECK_NAME
+
+    assert CHECK_RUN_NAME == CHECK_NAME
+    data = _check_run(load_payload, summary="2 real failures")
+    data["check_run"]["name"] = CHECK_NAME
+    response = receiver.github("check_run", data)
+    assert response.status_code == 200 and response.json()["outcome"] == "ignored"
+    assert "flaketriage's own" in response.json()["notes"][0]
+    assert receiver.cases() == [] and receiver.works() == []
+
+
 def test_a_check_run_naming_two_bundles_of_one_failure_is_one_occurrence_and_one_triage(
     receiver: Receiver, captured: Captured, load_payload: Load
 ) -> None:

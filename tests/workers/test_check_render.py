@@ -112,7 +112,7 @@ def test_the_title_counts_each_verdict_in_words() -> None:
         ((), False, "completed", "success"),
         (("quarantined", "flaky"), False, "completed", "success"),
         (("real", "quarantined"), False, "completed", "failure"),
-        (("new",), False, "in_progress", "failure"),
+        (("new",), False, "completed", "failure"),
         (("triaging", "flaky"), False, "in_progress", "neutral"),
         (("triaging", "real"), False, "in_progress", "failure"),
         (("quarantined",), True, "completed", "neutral"),

@@ -34,5 +34,5 @@ def open_check_sink(settings: Settings) -> CheckSink:
 
     client = github_client(settings)
     if client is None:
-        return MarkdownCheckSink(settings.resolved_checks_dir())
+        return MarkdownCheckSink(settings.resolved_checks_dir(), modes=FileModes.of(settings.store_shared))
     return GitHubCheckSink(client)

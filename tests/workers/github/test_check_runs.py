@@ -77,8 +77,8 @@ def test_one_check_run_per_commit_updated_in_place(github: GitHubStandIn, make_c
         assert ref == first
         run = only_run(github)
         assert (run["status"], run["conclusion"]) == ("completed", conclusion)
-    # A failure that arrives later reopens the same run.
-    assert sink.publish(summary(failure("t_late", "new")), ref.location) == first
+    # A failure that arrives later, being triaged, reopens the same run.
+    assert sink.publish(summary(failure("t_late", "triaging")), ref.location) == first
     run = only_run(github)
     assert (run["status"], run["conclusion"], run["completed_at"]) == ("in_progress", None, None)
     assert len(github.calls_to("POST", RUNS)) == 1

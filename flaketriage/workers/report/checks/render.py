@@ -62,9 +62,10 @@ def render_check(summary: CheckSummary) -> CheckOutput:
     """The check run for `summary`. Failures are grouped real, new, triaging, flaky, quarantined,
     each group sorted by test id (then variant).
 
-    `status` is ``in_progress`` while any failure is new (no triage has given it a verdict yet) or
-    being triaged, since verdicts are still to come; ``completed`` otherwise. A failure that will
-    never be triaged is to be sent as ``real``, else the run stays in progress.
+    `status` is ``in_progress`` while any failure is being triaged, since verdicts are still to
+    come; ``completed`` otherwise. A new failure (nothing known about it yet: a suite that sends
+    only JUnit XML may never have it triaged) completes the run as a failure; when its bundle's
+    triage starts it is ``triaging`` and the run goes back in progress.
 
     `conclusion`, in this order (the first that applies):
 
@@ -77,7 +78,7 @@ def render_check(summary: CheckSummary) -> CheckOutput:
     completed; while in progress it is the conclusion so far.
     """
     groups = {state: _sorted(f for f in summary.failures if f.state == state) for state in ORDER}
-    in_progress = bool(groups["new"] or groups["triaging"])
+    in_progress = bool(groups["triaging"])
     if groups["real"] or groups["new"]:
         conclusion: CheckConclusion = "failure"
     elif groups["triaging"] or summary.storm_jobs:
