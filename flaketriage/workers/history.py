@@ -122,7 +122,8 @@ class HistoryReader:
             self._suspect(upload, self._candidates(upload), findings)
             if upload.branch and upload.branch in self.settings.resolve_branches:
                 self._resolve(upload, findings)
-        if upload.pull_request is not None and upload.commit:
+        if upload.pull_request is not None and upload.commit and len(upload.commit) in (40, 64):
+            # A check run is attached to a whole commit id; an abbreviated one names none for sure.
             self.request_check(upload.repository, upload.commit, upload.pull_request, f"upload-{upload_pk}")
             findings.check = True
         return findings

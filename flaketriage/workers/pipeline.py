@@ -433,7 +433,8 @@ class Pipeline:
             with self.db.session() as session:
                 work = session.get(Work, work_id)
                 assert work is not None
-                row = session.get(CheckRunRow, int(work.options.get("check_run", 0)))
+                # Held while it is published: two publishes of one commit's run never race.
+                row = session.get(CheckRunRow, int(work.options.get("check_run", 0)), with_for_update=True)
                 if row is None:
                     state = "no such check run"
                 else:

@@ -19,6 +19,7 @@ from flaketriage.workers.history import HistoryFindings, HistoryReader
 from flaketriage.workers.verdict import VerdictPolicy
 
 REPO = "acme/models"
+HEAD = "feed123" + "0" * 33
 
 
 class History:
@@ -197,15 +198,16 @@ def test_a_failure_on_the_branch_keeps_the_case_open(history: History) -> None:
 
 
 def test_a_pull_request_upload_asks_for_its_check_run_once_per_commit(history: History) -> None:
-    first = history.upload([failed("t::a"), *others()], pull_request=7, commit="feed123")
-    history.upload([passed("t::a"), *others()], pull_request=7, commit="feed123", job="gpu")
+    first = history.upload([failed("t::a"), *others()], pull_request=7, commit=HEAD)
+    history.upload([passed("t::a"), *others()], pull_request=7, commit=HEAD, job="gpu")
     assert first.check
     with history.database.session() as session:
         [row] = session.scalars(select(CheckRunRow)).all()
-        assert (row.repository, row.head_sha, row.pull_request) == (REPO, "feed123", 7)
+        assert (row.repository, row.head_sha, row.pull_request) == (REPO, HEAD, 7)
     checks = history.sent(Step.CHECK)
     assert len(checks) == 2 and {w.options["check_run"] for w in checks} == {row.id}
     assert history.upload([failed("t::a")]).check is False  # not a pull request
+    assert history.upload([failed("t::a")], pull_request=7, commit="feed123").check is False  # abbreviated
 
 
 def test_the_beat_rolls_old_results_up_on_the_report_queue() -> None:
@@ -219,3 +221,58 @@ def test_the_beat_rolls_old_results_up_on_the_report_queue() -> None:
     app = create_celery(settings)
     assert ROLL_UP_TASK in app.tasks and app.conf.task_routes[ROLL_UP_TASK] == {"queue": "report"}
     assert {"flaketriage.history", "flaketriage.check"} <= set(app.tasks)
+
+
+def test_a_commits_check_run_says_what_is_known_of_each_failure(history: History, tmp_path: Any) -> None:
+    from flaketriage.records import QuarantineRow
+    from flaketriage.workers.check_runs import gather, publish
+    from flaketriage.workers.report.checks import MarkdownCheckSink, render_check
+
+    real = history.bundle_case("t::real", verdict="deterministic")
+    with history.database.session() as session:
+        case = session.get(Case, real)
+        assert case is not None
+        case.report_url = "issues/ab12.md"
+        case.evidence = {"failure_rate": {"estimate": 1.0, "low": 0.48, "high": 1.0}}
+        session.add(QuarantineRow(fingerprint="ef" * 32, entry=_entry("t::held")))
+    history.upload(
+        [failed("t::real"), failed("t::held"), failed("t::new"), *others()], pull_request=7, commit=HEAD
+    )
+    history.upload([passed("t::new"), *others()], pull_request=7, commit=HEAD, job="rerun")
+    with history.database.session() as session:
+        row = session.scalars(select(CheckRunRow)).one()
+        summary = gather(session, row)
+        states = {f.test_id: f.state for f in summary.failures}
+        assert states == {"t::real": "real", "t::held": "quarantined", "t::new": "triaging"}
+        by_id = {f.test_id: f for f in summary.failures}
+        assert by_id["t::real"].issue_url == "issues/ab12.md" and by_id["t::held"].rate == (0.3, 0.1, 0.6)
+        assert summary.tests == 12 and summary.pull_request == 7
+        out = render_check(summary)
+        assert (out.status, out.conclusion) == ("in_progress", "failure")
+        sink = MarkdownCheckSink(tmp_path / "checks")
+        publish(session, row, sink, history.settings)
+        location = row.location
+    assert location is not None and HEAD in location
+    # The history case of t::new is decided flaky: published again, in place.
+    with history.database.session() as session:
+        case = session.scalars(select(Case).where(Case.test_id == "t::new")).one()
+        case.status, case.verdict = CaseStatus.REPORTED.value, "flaky"
+        row = session.scalars(select(CheckRunRow)).one()
+        publish(session, row, sink, history.settings)
+        assert row.location == location
+        assert render_check(gather(session, row)).status == "completed"
+    assert len(list((tmp_path / "checks").rglob("*.md"))) == 1
+
+
+def _entry(test_id: str) -> dict[str, Any]:
+    return {
+        "fingerprint": "ef" * 32,
+        "test_id": test_id,
+        "reason": "flaky",
+        "evidence": {"replays": 10, "reproductions": 3, "rate": {"estimate": 0.3, "low": 0.1, "high": 0.6}},
+        "command": "pytest",
+        "bundle_id": "ab" * 32,
+        "occurrences": 1,
+        "quarantined_at": "2026-12-01T00:00:00Z",
+        "updated_at": "2026-12-01T00:00:00Z",
+    }
