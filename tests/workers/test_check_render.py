@@ -260,7 +260,7 @@ def test_a_bad_repository_or_commit_is_refused() -> None:
 
 # -- the Markdown sink ---------------------------------------------------------------------------------
 def test_the_markdown_sink_updates_one_file_in_place(tmp_path: Path) -> None:
-    sink = MarkdownCheckSink(tmp_path)
+    sink = MarkdownCheckSink(tmp_path / "checks")
     first = sink.publish(summary(failure("a", "triaging")), None)
     path = tmp_path / "checks" / "acme" / "models" / f"{SHA}.md"
     assert (first.kind, first.location, first.url) == ("markdown", str(path), None)
@@ -300,8 +300,8 @@ def test_the_markdown_sink_refuses_paths_that_leave_its_directory(
 def test_the_markdown_sink_refuses_a_symbolic_link_out_of_its_directory(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (tmp_path / "out" / "checks").mkdir(parents=True)
-    os.symlink(elsewhere, tmp_path / "out" / "checks" / "acme")
+    (tmp_path / "out").mkdir(parents=True)
+    os.symlink(elsewhere, tmp_path / "out" / "acme")
     with pytest.raises(ReportError, match="outside"):
         MarkdownCheckSink(tmp_path / "out").publish(summary(), None)
     assert list(elsewhere.iterdir()) == []

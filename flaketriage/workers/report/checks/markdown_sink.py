@@ -1,5 +1,6 @@
 """`MarkdownCheckSink`: the pull request's check run as a Markdown file,
-``<directory>/checks/<owner>/<name>/<head_sha>.md``, rewritten in place (atomically) on each publish.
+``<directory>/<owner>/<name>/<head_sha>.md`` (``FLAKETRIAGE_CHECKS_DIR``, default
+``<store>/checks``), rewritten in place (atomically) on each publish.
 
 The path is made only of a validated ``owner/name`` (lower case, as GitHub's names are not case
 sensitive) and a whole commit id, and checked to stay inside the directory, so no summary can write
@@ -27,8 +28,9 @@ _STATUS_WORDS = {"in_progress": "in progress", "completed": "completed"}
 
 
 class MarkdownCheckSink(CheckSink):
-    """Check runs as files under `directory` (created on first write with `modes`: a run names
-    tests and failure messages, so it is its owner's alone unless the store is shared)."""
+    """Check runs as files ``<directory>/<owner>/<name>/<head sha>.md`` (``FLAKETRIAGE_CHECKS_DIR``,
+    created on first write with `modes`: a run names tests and failure messages, so it is its
+    owner's alone unless the store is shared)."""
 
     kind = "markdown"
 
@@ -39,8 +41,8 @@ class MarkdownCheckSink(CheckSink):
     def path_for(self, repository: str, head_sha: str) -> Path:
         """Where the check run of `repository` at `head_sha` is; `ReportError` for an unsafe name."""
         owner, name = split_repository(repository)
-        path = self.directory / "checks" / owner.lower() / name.lower() / f"{check_head_sha(head_sha)}.md"
-        root = (self.directory / "checks").resolve()
+        path = self.directory / owner.lower() / name.lower() / f"{check_head_sha(head_sha)}.md"
+        root = self.directory.resolve()
         if not path.resolve().is_relative_to(root):  # a symbolic link inside pointing elsewhere
             raise ReportError(
                 f"the check run file {path} would be outside {root} (a symbolic link in the way); "
