@@ -4,18 +4,39 @@
 workers write (`flaketriage.workers.quarantine.file`), the service's ``GET /v1/quarantine`` and the CI
 side's cache (`flaketriage.ci.quarantine_list`). Unknown fields are refused and another version is
 an error that names it, so a document from a newer flaketriage fails loudly instead of half-read.
+
+An entry forgives a failure (`QuarantineDocument.find`) when it names it (its fingerprint, or one of
+its tests), its `variant` pattern covers the run's variant, and its `signatures`, when it has any,
+hold the failure's fingerprint. Both fields came in version 1 and are left out of the document
+while empty, so a list without them reads and writes the same bytes; a flaketriage older than them
+refuses a list that sets them (an unknown field), and runs without a quarantine list until it is
+upgraded.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from flaketriage.errors import QuarantineError
+from flaketriage.errors import ConfigError, QuarantineError
+from flaketriage.variant import Variant, checked_variant, variant_covers, variant_key
+
+if TYPE_CHECKING:
+    from flaketriage.settings import Settings
 
 VERSION = 1
 
@@ -27,6 +48,11 @@ hide them all from CI."""
 
 FINGERPRINT_PATTERN = r"^[0-9a-f]{16,128}$"
 """A failure fingerprint as reports name it: lowercase hex, 16 characters or more."""
+
+MAX_SIGNATURES = 50
+"""The most failure fingerprints one entry forgives (`QuarantineEntry.signatures`)."""
+
+Signature = Annotated[str, StringConstraints(pattern=FINGERPRINT_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -85,8 +111,59 @@ class QuarantineEntry(_Model):
     """For an ``order_dependent`` test, the tests it fails after when they run first (for one that
     fails alone, the state-setters it needs; for one that fails run twice, itself); the reason says
     which. Left out of the document when empty, so a list without one reads as it always did."""
+    variant: dict[str, str] = Field(default_factory=dict, exclude_if=lambda value: not value)
+    """The runs it covers, as a pattern (`flaketriage.variant.variant_covers`): a run whose variant
+    has every ``key=value`` it gives (``{"gpu": "NVIDIA A100-SXM4-80GB"}``: that GPU model, any OS
+    and Python). Empty: every run. Left out of the document when empty."""
+    signatures: tuple[Signature, ...] = Field(
+        default=(), max_length=MAX_SIGNATURES, exclude_if=lambda value: not value
+    )
+    """The failures it forgives, by fingerprint: a failure of its tests with any other fingerprint
+    is reported as usual. Empty: any failure of its tests. Left out of the document when empty."""
     quarantined_at: AwareDatetime
     updated_at: AwareDatetime
+
+    @field_validator("variant", mode="before")
+    @classmethod
+    def _checked_variant(cls, value: object) -> object:
+        if not isinstance(value, Mapping):
+            return value  # pydantic says it is not a dictionary
+        try:
+            return checked_variant(value, "the entry's variant")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("signatures")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(value))
+
+    def names(self, test_ids: Collection[str], fingerprint: str | None = None) -> bool:
+        """Whether this entry is about this failure: its fingerprint, its test, or one of the tests
+        of a whole run it quarantines. Whether it forgives it is `refusal`'s to say."""
+        return (
+            (fingerprint is not None and fingerprint == self.fingerprint)
+            or self.test_id in test_ids
+            or any(t in test_ids for t in self.tests)
+        )
+
+    def refusal(self, fingerprint: str | None, variant: Mapping[str, str] | None) -> str | None:
+        """Why this entry does not forgive a failure it names, in words for the session summary, or
+        None when it does. An unknown `variant` (None) is covered by an empty pattern only, an
+        unknown `fingerprint` by an entry without signatures only: a quarantine never hides a
+        failure it cannot tell is the one it was meant for."""
+        if self.variant and (variant is None or not variant_covers(self.variant, variant)):
+            run = (
+                "this run's variant is unknown"
+                if variant is None
+                else "this run is " + variant_key({k: variant.get(k, "unknown") for k in self.variant})
+            )
+            return f"quarantined on {variant_key(self.variant)} only; {run}"
+        if self.signatures and fingerprint not in self.signatures:
+            forgiven = ", ".join(s[:12] for s in self.signatures)
+            this = f"this failure is {fingerprint[:12]}" if fingerprint else "this failure's is unknown"
+            return f"quarantined for the failure {forgiven} only; {this}"
+        return None
 
 
 class QuarantineDocument(_Model):
@@ -102,19 +179,26 @@ class QuarantineDocument(_Model):
                 raise ValueError(f"the entry under {key!r} has fingerprint {entry.fingerprint!r}")
         return self
 
-    def find(self, test_ids: Collection[str], fingerprint: str | None = None) -> QuarantineEntry | None:
-        """The entry for this failure's fingerprint, else the first one for any of these test ids
-        (its test's, or one of the tests of a whole run it quarantines)."""
-        if fingerprint is not None and fingerprint in self.entries:
-            return self.entries[fingerprint]
-        return next(
-            (
-                e
-                for e in self.entries.values()
-                if e.test_id in test_ids or any(t in test_ids for t in e.tests)
-            ),
-            None,
-        )
+    def naming(self, test_ids: Collection[str], fingerprint: str | None = None) -> list[QuarantineEntry]:
+        """The entries about this failure (`QuarantineEntry.names`): the one of its fingerprint
+        first, then those of any of these test ids, in the document's order."""
+        first = self.entries.get(fingerprint) if fingerprint is not None else None
+        rest = [e for e in self.entries.values() if e is not first and e.names(test_ids)]
+        return [first, *rest] if first is not None else rest
+
+    def find(
+        self,
+        test_ids: Collection[str],
+        fingerprint: str | None = None,
+        *,
+        variant: Mapping[str, str] | None = None,
+    ) -> QuarantineEntry | None:
+        """The entry that forgives this failure, or None: the first of `naming` whose variant
+        pattern covers `variant` (the run's) and whose signatures, if it has any, hold
+        `fingerprint`. A caller that does not know the run's variant passes None, and only entries
+        for every variant forgive (`QuarantineEntry.refusal`)."""
+        named = self.naming(test_ids, fingerprint)
+        return next((e for e in named if e.refusal(fingerprint, variant) is None), None)
 
     def with_entry(self, entry: QuarantineEntry) -> QuarantineDocument:
         """This document with `entry` added or replacing the one of its fingerprint."""
@@ -162,6 +246,39 @@ def _summary(exc: ValidationError, most: int = 3) -> str:
     return "; ".join(parts) + more
 
 
+DEFAULT_VARIANT_KEYS = ("gpu",)
+"""``FLAKETRIAGE_QUARANTINE_VARIANT_KEYS``' default."""
+
+
+@dataclass(frozen=True)
+class EntryScope:
+    """What a new entry covers, from the settings: the bundle's variant reduced to `variant_keys`
+    (``FLAKETRIAGE_QUARANTINE_VARIANT_KEYS``; none: every variant), and the failure's own
+    fingerprint only when `match_signature` (``FLAKETRIAGE_QUARANTINE_MATCH_SIGNATURE``)."""
+
+    variant_keys: tuple[str, ...] = DEFAULT_VARIANT_KEYS
+    match_signature: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EntryScope:
+        return cls(settings.resolved_quarantine_variant_keys(), settings.quarantine_match_signature)
+
+    def variant_of(self, variant: Mapping[str, str] | None) -> Variant:
+        """The pattern of an entry for a failure seen on `variant` (None: not known, every variant):
+        its values for `variant_keys`; a key it has no value for is left out, so covers all."""
+        given = variant or {}
+        return {k: given[k] for k in sorted(self.variant_keys) if k in given}
+
+    def signatures_of(self, fingerprint: str, tests: Sequence[str] = ()) -> tuple[str, ...]:
+        """The signatures of an entry for this failure. An entry for a whole run's `tests` has none:
+        its fingerprint is the run's, which no one test's failure in CI has."""
+        return (fingerprint,) if self.match_signature and not tests else ()
+
+
+DEFAULT_SCOPE = EntryScope()
+"""The settings' defaults: entries limited to the GPU model, forgiving any failure of their tests."""
+
+
 def refreshed_entry(
     old: QuarantineEntry | None,
     *,
@@ -175,11 +292,22 @@ def refreshed_entry(
     now: datetime,
     polluters: Sequence[str] = (),
     tests: Sequence[str] = (),
+    variant: Mapping[str, str] | None = None,
+    signatures: Sequence[str] = (),
 ) -> QuarantineEntry:
     """A new entry, or `old` refreshed: new evidence and reason, the bundle added, one more
     occurrence; `issue_url` None keeps the old link, and the quarantine keeps its first date.
     `polluters` are the latest triage's (an order-dependent test's; none for any other); `tests`
-    (a whole run's failing tests) join the old entry's, the latest first, up to `MAX_TESTS`."""
+    (a whole run's failing tests) join the old entry's, the latest first, up to `MAX_TESTS`.
+
+    `variant` (the pattern, `EntryScope.variant_of`) and `signatures` are the latest failure's,
+    widened to keep covering what `old` covered: a refresh never narrows an entry. The pattern
+    keeps the pairs both give (a failure quarantined on an A100 that recurs on an H100 is then
+    quarantined on every GPU: one pattern cannot name two models), and the signatures join the old
+    ones, unless either has none (then any failure is forgiven, as before)."""
+    if old is not None:
+        variant = {k: v for k, v in (variant or {}).items() if old.variant.get(k) == v}
+        signatures = () if not old.signatures or not signatures else (*old.signatures, *signatures)
     bundles = old.bundles if old is not None else ()
     return QuarantineEntry(
         fingerprint=fingerprint,
@@ -195,6 +323,8 @@ def refreshed_entry(
         tests=tuple(
             sorted(list(dict.fromkeys([*tests, *(old.tests if old is not None else ())]))[:MAX_TESTS])
         ),
+        variant=dict(variant or {}),
+        signatures=tuple(dict.fromkeys(signatures))[-MAX_SIGNATURES:],
         quarantined_at=old.quarantined_at if old is not None else now,
         updated_at=now,
     )

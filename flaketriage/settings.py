@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flaketriage.errors import ConfigError
 from flaketriage.store.registry import local_path
+from flaketriage.variant import KEY_PATTERN
 
 ENV_PREFIX = "FLAKETRIAGE_"
 DEFAULT_REPLAY_TIMEOUT_S = 600.0
@@ -77,6 +78,20 @@ class Settings(BaseSettings):
         description="Whether an order-dependent test is quarantined (its entry naming its polluters, "
         "linked to its issue) so that it stops failing builds until it is fixed; off: it only gets the "
         "issue and keeps failing builds.",
+    )
+    quarantine_variant_keys: str = Field(
+        default="gpu",
+        description="Which parts of the variant a failure was captured on (`os`, `python`, `gpu`, and "
+        "the keys of the runner's `FLAKETRIAGE_VARIANT`), comma-separated, its quarantine entry is "
+        "limited to: with `gpu`, a test quarantined for flaking on one GPU model still fails builds "
+        "on other models and on CPU runners. Empty: an entry covers every variant.",
+    )
+    quarantine_match_signature: bool = Field(
+        default=False,
+        description="Whether a quarantine entry forgives only the failure it was made for (its "
+        "fingerprint), so that a new way for a quarantined test to fail is reported. Off by default: "
+        "a flaky test's messages often vary from run to run (a timing, a tensor's values), and each "
+        "variation would then fail the build until it was triaged too.",
     )
     sandbox: Literal["auto", "bwrap", "process", "docker"] = Field(
         default="auto",
@@ -491,6 +506,18 @@ class Settings(BaseSettings):
             raise ValueError(str(exc)) from None
         return value.strip()
 
+    @field_validator("quarantine_variant_keys")
+    @classmethod
+    def _variant_keys(cls, value: str) -> str:
+        keys = [k.strip() for k in value.split(",") if k.strip()]
+        bad = [k for k in keys if not KEY_PATTERN.fullmatch(k)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a variant key: comma-separated keys such as gpu,os,python "
+                "(lowercase letters, digits, '_', '.', '-')"
+            )
+        return ",".join(sorted(dict.fromkeys(keys)))
+
     @field_validator("github_repo")
     @classmethod
     def _github_repo(cls, value: str | None) -> str | None:
@@ -536,6 +563,9 @@ class Settings(BaseSettings):
 
     def resolved_quarantine_file(self) -> Path:
         return self._beside_store(self.quarantine_file, "quarantine.json", "quarantine_file")
+
+    def resolved_quarantine_variant_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.quarantine_variant_keys.split(",") if k)
 
     def resolved_outbox_dir(self) -> Path:
         return self._beside_store(self.outbox_dir, "outbox", "outbox_dir")

@@ -90,7 +90,7 @@ class _Quarantined:
         if not entries:
             return False
         variant = parse_variant(variant_key, where="a recorded variant")
-        return any(variant_covers(getattr(e, "variant", None) or {}, variant) for e in entries)
+        return any(variant_covers(e.variant, variant) for e in entries)
 
 
 class TestQuery:
