@@ -5,7 +5,10 @@ never inside a replay (``FLAKETRIAGE_REPLAY=1``). Then every failing test become
 command that reruns it alone, seeds, output, traceback, and the tests that ran before it in this
 process, and the data it declared: `flaketriage.ci.pytest_data`); a failing test on the quarantine
 list (fetched at session start when it comes from the service) is reported as quarantined and does
-not fail the session; and the session ends with one summary line.
+not fail the session, unless its entry is limited to another variant (``gpu=...``: the session's is
+read once, at the first failure such an entry names, `flaketriage.ci.quarantine_list.run_variant`)
+or to another failure (its signatures), when it fails as usual and the summary says why; and the
+session ends with one summary line.
 
 Only pytest, the standard library, `flaketriage.process.replay_env` and `flaketriage.ci.pytest_data`
 (standard library only) are imported here. The capture code (pydantic, the store) is imported
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from flaketriage.ci.pytest_bundle import SessionCapture
     from flaketriage.ci.quarantine_list import QuarantineList
     from flaketriage.settings import Settings
+    from flaketriage.variant import Variant
 
 ENABLE_ENV = "FLAKETRIAGE_PYTEST"
 QUARANTINE_URL_ENV = "FLAKETRIAGE_QUARANTINE_URL"
@@ -113,6 +117,10 @@ class FlaketriageSession:
         self.captured: list[Captured] = []
         self.quarantined: dict[str, str] = {}
         """node id → what the summary says about its quarantine."""
+        self.unforgiven: dict[str, str] = {}
+        """node id → why the quarantine entries naming it did not forgive its failure."""
+        self._variant: Variant | None = None
+        self._variant_read = False
         self.notes: list[str] = []
         self.sent: dict[str, str] = {}
         self.errors: list[str] = []
@@ -165,6 +173,20 @@ class FlaketriageSession:
             self._quarantine, notes = load_quarantine(self.settings, self._quarantine_dir())
             self.notes += notes
         return self._quarantine
+
+    def _run_variant(self) -> Variant | None:
+        """The session's variant, read once; None when it cannot be told (a note says why)."""
+        if not self._variant_read:
+            self._variant_read = True
+            try:
+                from flaketriage.ci.quarantine_list import run_variant
+
+                self._variant = run_variant(os.environ)
+            except Exception as exc:  # the quarantine list must never fail the run
+                self.notes.append(
+                    f"cannot tell this run's variant ({exc}); quarantine entries limited to one do not apply"
+                )
+        return self._variant
 
     def _capturer(self) -> SessionCapture:
         if self._capture is None:
@@ -336,6 +358,8 @@ class FlaketriageSession:
         write = terminalreporter.write_line
         for nodeid, what in self.quarantined.items():
             write(f"flaketriage: QUARANTINED {nodeid} - {what}", yellow=True)
+        for nodeid, why in self.unforgiven.items():
+            write(f"flaketriage: NOT QUARANTINED {nodeid} - {why}", red=True)
         for note in dict.fromkeys(self.notes):
             write(f"flaketriage: warning: {note}", yellow=True)
         if self.results_sent:
@@ -350,11 +374,19 @@ class FlaketriageSession:
             from flaketriage.ci.quarantine_list import describe
 
             rel = self.relative(report.nodeid)
-            entry = self._quarantine_list().match({report.nodeid, rel}, self._fingerprint(report, rel))
+            quarantine, ids = self._quarantine_list(), {report.nodeid, rel}
+            fingerprint = self._fingerprint(report, rel)
+            named = quarantine.document.naming(ids, fingerprint)
+            if not named:
+                return
+            # The variant is read only for an entry limited to one: it may cost an nvidia-smi run.
+            variant = self._run_variant() if any(e.variant for e in named) else None
+            entry = quarantine.match(ids, fingerprint, variant=variant)
+            if entry is None:
+                self.unforgiven[rel] = quarantine.refused(ids, fingerprint, variant=variant) or "not covered"
+                return
         except Exception as exc:  # the quarantine list must never fail the run
             self.notes.append(f"cannot check the quarantine list: {exc}")
-            return
-        if entry is None:
             return
         what = describe(entry)
         # With `wasxfail` set the session does not count the failure (nor -x, nor --pdb), and the

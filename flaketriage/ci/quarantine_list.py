@@ -8,6 +8,9 @@ test quarantined since the last run is quarantined in this one. The cache is use
 service does not answer (within ``quarantine_fetch_timeout_s``) or answers with a list it cannot
 use, and then only if the service confirmed it within ``quarantine_cache_ttl_s``: reading the list
 never fails a CI run, it only adds a note.
+
+An entry limited to a variant is matched against the run's (`run_variant`), read once per session
+and only when a failing test's entry is limited to one.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from flaketriage.files.atomic import write_atomic
 from flaketriage.files.modes import FileModes
 from flaketriage.quarantine import QuarantineDocument, QuarantineEntry
 from flaketriage.settings import Settings
+from flaketriage.variant import GPU_VARIABLE, Variant, current_variant, gpu_model_of
 
 CACHE_NAME = "quarantine-cache.json"
 
@@ -56,9 +60,55 @@ class QuarantineList:
     def entries(self) -> Mapping[str, QuarantineEntry]:
         return self.document.entries
 
-    def match(self, test_ids: Collection[str], fingerprint: str | None = None) -> QuarantineEntry | None:
-        """The entry that quarantines this test (or this failure), or None."""
-        return self.document.find(test_ids, fingerprint)
+    def match(
+        self,
+        test_ids: Collection[str],
+        fingerprint: str | None = None,
+        *,
+        variant: Mapping[str, str] | None = None,
+    ) -> QuarantineEntry | None:
+        """The entry that forgives this failure of this test in a run of this variant, or None
+        (`QuarantineDocument.find`; `variant` None: not known, and only entries for every variant
+        forgive)."""
+        return self.document.find(test_ids, fingerprint, variant=variant)
+
+    def refused(
+        self,
+        test_ids: Collection[str],
+        fingerprint: str | None = None,
+        *,
+        variant: Mapping[str, str] | None = None,
+    ) -> str | None:
+        """Why the entries naming this test (or failure) do not forgive it, in words for the
+        session summary; None when one does, or none names it."""
+        named = self.document.naming(test_ids, fingerprint)
+        reasons = [e.refusal(fingerprint, variant) for e in named]
+        if not named or None in reasons:
+            return None
+        return "; ".join(dict.fromkeys(r for r in reasons if r is not None))
+
+
+def run_variant(env: Mapping[str, str], gpu_names: Callable[[], Iterable[str]] | None = None) -> Variant:
+    """The variant this CI run is (`flaketriage.variant.current_variant`), with its GPU model:
+    ``FLAKETRIAGE_GPU`` when set, else the GPUs the machine reports exactly as a capture reads
+    them (`flaketriage.process.nvidia.read_gpus`: NVML if ``pynvml`` imports, else ``nvidia-smi``
+    if it is on the PATH, else none), so that an entry written from a bundle captured here covers
+    this run. Neither NVML nor nvidia-smi: ``gpu=none``, as the capture records it; a runner whose
+    GPU neither can see states it with ``FLAKETRIAGE_GPU``.
+
+    `gpu_names` reads the machine's (for tests). Raises `ConfigError` for a bad
+    ``FLAKETRIAGE_VARIANT``."""
+    stated = env.get(GPU_VARIABLE)
+    if stated is not None:
+        return current_variant(env, stated)
+    return current_variant(env, gpu_model_of((gpu_names or _machine_gpu_names)()))
+
+
+def _machine_gpu_names() -> list[str]:
+    from flaketriage.process.nvidia import import_nvml, read_gpus
+
+    gpus, _, _ = read_gpus(import_nvml())
+    return [gpu.name for gpu in gpus]
 
 
 def describe(entry: QuarantineEntry) -> str:

@@ -24,6 +24,7 @@ from flaketriage.cli.console import (
 )
 from flaketriage.errors import ConfigError
 from flaketriage.process.child import check_timeout, shell_exit_code
+from flaketriage.quarantine import EntryScope
 from flaketriage.store import open_store
 from flaketriage.text.printable import printable
 
@@ -196,6 +197,7 @@ def triage(
                 settings.resolved_quarantine_file(),
                 modes=FileModes.of(settings.store_shared),
                 order_dependent=settings.quarantine_order_dependent,
+                scope=EntryScope.from_settings(settings),
             ),
             context=ReplayContext.from_settings(settings),
             minimize=minimize,

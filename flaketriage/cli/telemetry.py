@@ -21,6 +21,7 @@ from flaketriage.cli.console import (
 )
 from flaketriage.errors import ConfigError
 from flaketriage.process.child import check_timeout
+from flaketriage.quarantine import EntryScope
 from flaketriage.store import open_store
 from flaketriage.text.printable import printable
 
@@ -127,7 +128,11 @@ def telemetry(
         manifest,
         result,
         open_issue_sink(settings),
-        Quarantine(settings.resolved_quarantine_file(), modes=FileModes.of(settings.store_shared)),
+        Quarantine(
+            settings.resolved_quarantine_file(),
+            modes=FileModes.of(settings.store_shared),
+            scope=EntryScope.from_settings(settings),
+        ),
         tail_lines=settings.output_tail_lines,
     )
     data = result.to_json()

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
 from flaketriage.errors import FlaketriageError
+from flaketriage.quarantine import EntryScope
 from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work, WorkStatus
 from flaketriage.records.models import CheckRunRow, utc_now
 from flaketriage.records.transitions import (
@@ -349,7 +350,10 @@ class Pipeline:
             store = self.env.store(str(work.store_url), writable=True)
             manifest = load_manifest(store, str(work.bundle_id))
             quarantine = RecordsQuarantine(
-                self.db, work.case_id, order_dependent=self.env.settings.quarantine_order_dependent
+                self.db,
+                work.case_id,
+                order_dependent=self.env.settings.quarantine_order_dependent,
+                scope=EntryScope.from_settings(self.env.settings),
             )
             ref = report(
                 store,

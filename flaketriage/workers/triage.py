@@ -26,6 +26,7 @@ from typing import Any
 
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Manifest
+from flaketriage.bundle.variant import variant_of_manifest
 from flaketriage.errors import BudgetSpentError, MinimizeError
 from flaketriage.failure.fingerprint import FailureInfo
 from flaketriage.settings import DEFAULT_OUTPUT_TAIL_LINES, DEFAULT_REPLAY_TIMEOUT_S
@@ -473,6 +474,7 @@ def report(
                 reason=f"order_dependent: {search.cause()}",
                 issue_url=ref.location,
                 polluters=search.polluters,
+                variant=variant_of_manifest(manifest),
             )
         return ref
     if v.verdict is Verdict.FLAKY:
@@ -519,6 +521,7 @@ def _report_flaky(
         + (f"; triage cost {result.cost.line()}" if result.cost is not None else ""),
         issue_url=issue.location if issue is not None else None,
         tests=test_ids,
+        variant=variant_of_manifest(manifest),
     )
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from flaketriage.bundle.io import list_bundles, load_manifest, write_bundle
 from flaketriage.bundle.manifest import Manifest
+from flaketriage.bundle.variant import variant_of_manifest
 from flaketriage.ci.pytest_plugin import Captured, seed_pinned, summary
 from flaketriage.store import LocalStore
 from flaketriage.workers.polluters import OrderTarget, fails_in
@@ -527,6 +528,9 @@ def test_steady():
     assert result.verdict.verdict is Verdict.FLAKY
     assert result.polluters == [] and result.to_json()["polluters"] == []
     assert quarantine.is_quarantined("test_flaky.py::test_sometimes")
+    # Limited to the GPU model of the runner that captured it (none here): the next run is the same.
+    (entry,) = quarantine.entries().values()
+    assert entry.variant == {"gpu": variant_of_manifest(manifest)["gpu"]} and entry.signatures == ()
     again = run(pytester, store_dir)
     assert again.ret == 0, again.stdout.str()
     again.stdout.fnmatch_lines(

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from flaketriage.bundle.io import load_manifest
+from flaketriage.bundle.variant import variant_of_manifest
 from flaketriage.orchestrator.cases import CaseQuery
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import QuarantineRow, Work
@@ -141,6 +143,8 @@ def test_tasks_delivered_twice_and_out_of_order_do_no_work_twice(world: World) -
 
 
 def test_a_flaky_failure_is_quarantined_with_its_rate(world: World) -> None:
+    settings = {"quarantine_variant_keys": "gpu,os", "quarantine_match_signature": True}
+    world.env.settings = world.env.settings.model_copy(update=settings)
     bundle = None
     for _ in range(20):  # the capture itself must fail
         project = world.tmp / "project"
@@ -161,6 +165,10 @@ def test_a_flaky_failure_is_quarantined_with_its_rate(world: World) -> None:
         entry = QuarantineEntry.model_validate(row.entry)
     assert entry.bundle_id == bundle and 0 < entry.evidence.rate.estimate < 1
     assert entry.evidence.replays >= 20  # flaky_rate_replays: the rate is sampled, not guessed from 2
+    # Limited to the bundle's GPU model and OS (the settings' keys), and to this failure.
+    variant = variant_of_manifest(load_manifest(world.store, bundle))
+    assert entry.variant == {"gpu": variant["gpu"], "os": variant["os"]}
+    assert entry.signatures == (case.fingerprint,)
 
 
 def test_a_requested_triage_comments_its_result_on_the_issue(world: World) -> None:

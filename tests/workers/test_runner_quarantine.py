@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from flaketriage.bundle.io import load_manifest
 from flaketriage.bundle.manifest import Command, Manifest
+from flaketriage.bundle.variant import variant_of_manifest
 from flaketriage.capture.record import CaptureRequest, run_and_capture
 from flaketriage.capture.source import SourceLimits
 from flaketriage.errors import CaptureError
@@ -204,7 +205,10 @@ def test_the_service_records_the_tests_too(project: Project, tmp_path: Path) -> 
         document = quarantine_document(database)  # what GET /v1/quarantine serves
     finally:
         database.dispose()
-    found = document.find({"tests/test_suite.py::TestModel::test_flaky_method"})
+    # Limited to the capturing machine's GPU model (FLAKETRIAGE_QUARANTINE_VARIANT_KEYS): its runs match.
+    found = document.find(
+        {"tests/test_suite.py::TestModel::test_flaky_method"}, variant=variant_of_manifest(manifest)
+    )
     assert found is not None and set(found.tests) == FAILING
     assert QuarantineDocument.from_json(document.to_json()) == document
 
@@ -493,7 +497,8 @@ def test_a_check_run_naming_a_flaky_pytest_run_quarantines_its_test_in_the_servi
         database.dispose()
     assert len(recorded.cases) == 2  # the check's own case, and the bundle's
     assert verdicts == [("-", "-"), ("flaky", "quarantine")]  # the check's case has no verdict
-    entry = document.find({"tests/test_suite.py::test_sometimes"})
+    variant = variant_of_manifest(load_manifest(store, captured.bundle_id))
+    entry = document.find({"tests/test_suite.py::test_sometimes"}, variant=variant)
     assert entry is not None and entry.tests == ("tests/test_suite.py::test_sometimes",)
     project.store_dir.joinpath("quarantine.json").write_bytes(document.to_json())  # what CI fetches
     enforced = project.enforce("-q", "tests/", ALWAYS_FAIL="1")

@@ -10,7 +10,7 @@ writers, the file and the service's records.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,9 @@ from flaketriage.failure.runner_results import (
 from flaketriage.files.atomic import write_atomic
 from flaketriage.files.modes import OWNER_ONLY, FileModes
 from flaketriage.quarantine import (
+    DEFAULT_SCOPE,
     MAX_TESTS,
+    EntryScope,
     FailureRate,
     QuarantineDocument,
     QuarantineEntry,
@@ -106,6 +108,8 @@ class QuarantineWriter(Protocol):
 
     `order_dependent` (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``) says whether an order-dependent
     test is quarantined too, with its polluters named, beside its issue (else only the issue).
+    Each writer limits an entry to what its `EntryScope` (the settings') keeps of the failure's
+    `variant` (`flaketriage.bundle.variant`) and of its fingerprint.
     """
 
     order_dependent: bool
@@ -122,6 +126,7 @@ class QuarantineWriter(Protocol):
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
         tests: Sequence[str] = (),
+        variant: Mapping[str, str] | None = None,
     ) -> ReportRef: ...
 
     def remove(self, fingerprint: str) -> bool: ...
@@ -137,10 +142,13 @@ class Quarantine:
         clock: Callable[[], datetime] = utc_now,
         modes: FileModes = OWNER_ONLY,
         order_dependent: bool = True,
+        scope: EntryScope = DEFAULT_SCOPE,
     ) -> None:
         self.path = Path(path)
         self.order_dependent = order_dependent
         """Quarantine order-dependent tests too (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``)."""
+        self.scope = scope
+        """What of a failure's variant and fingerprint its entry is limited to (`EntryScope`)."""
         self._clock = clock
         self.modes = modes
         """The store's (`FileModes.of`): owner-only unless the store is shared."""
@@ -162,12 +170,15 @@ class Quarantine:
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
         tests: Sequence[str] = (),
+        variant: Mapping[str, str] | None = None,
     ) -> ReportRef:
         """Quarantine a failure, or refresh its entry: new evidence and reason, the bundle added.
 
         `issue_url` links the issue or report that explains it; None keeps the entry's link.
         `polluters` name the tests an order-dependent failure needs to run first; `tests` the tests
-        a whole test run failed (`failed_tests_of`), each quarantined by this entry.
+        a whole test run failed (`failed_tests_of`), each quarantined by this entry. `variant` is
+        the one the failure was captured on (None: not known); the entry covers what `scope` keeps
+        of it.
         """
         check_fingerprint(fingerprint)
         with self._locked():
@@ -184,6 +195,8 @@ class Quarantine:
                 issue_url=issue_url,
                 polluters=polluters,
                 tests=tests,
+                variant=self.scope.variant_of(variant),
+                signatures=self.scope.signatures_of(fingerprint, tests),
                 now=self._clock(),
             )
             self._save(doc.with_entry(entry))
@@ -208,8 +221,9 @@ class Quarantine:
         return dict(self._load().entries)
 
     def is_quarantined(self, test_id_or_fingerprint: str) -> bool:
-        """Whether a fingerprint, or a test id of any entry, is quarantined."""
-        return self._load().find({test_id_or_fingerprint}, test_id_or_fingerprint) is not None
+        """Whether a fingerprint, or a test id of any entry, is quarantined (on any variant, for any
+        failure: `QuarantineDocument.find` says whether one failure is forgiven)."""
+        return bool(self._load().naming({test_id_or_fingerprint}, test_id_or_fingerprint))
 
     # -- the file -------------------------------------------------------------------------------
     @contextmanager

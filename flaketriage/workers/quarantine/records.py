@@ -6,11 +6,17 @@ way (`refreshed_entry`), kept as rows so that workers on many machines share one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import select
 
-from flaketriage.quarantine import QuarantineEntry, QuarantineEvidence, refreshed_entry
+from flaketriage.quarantine import (
+    DEFAULT_SCOPE,
+    EntryScope,
+    QuarantineEntry,
+    QuarantineEvidence,
+    refreshed_entry,
+)
 from flaketriage.records import Database, QuarantineRow
 from flaketriage.records.models import utc_now
 from flaketriage.workers.report.base import ReportRef, check_fingerprint
@@ -20,12 +26,19 @@ class RecordsQuarantine:
     """A `QuarantineWriter` on the records; entries name `case_id` when given."""
 
     def __init__(
-        self, database: Database, case_id: int | None = None, *, order_dependent: bool = True
+        self,
+        database: Database,
+        case_id: int | None = None,
+        *,
+        order_dependent: bool = True,
+        scope: EntryScope = DEFAULT_SCOPE,
     ) -> None:
         self.database = database
         self.case_id = case_id
         self.order_dependent = order_dependent
         """Quarantine order-dependent tests too (``FLAKETRIAGE_QUARANTINE_ORDER_DEPENDENT``)."""
+        self.scope = scope
+        """What of a failure's variant and fingerprint its entry is limited to (`EntryScope`)."""
 
     def add(
         self,
@@ -39,6 +52,7 @@ class RecordsQuarantine:
         issue_url: str | None = None,
         polluters: Sequence[str] = (),
         tests: Sequence[str] = (),
+        variant: Mapping[str, str] | None = None,
     ) -> ReportRef:
         check_fingerprint(fingerprint)
         now = utc_now()
@@ -59,6 +73,8 @@ class RecordsQuarantine:
                 issue_url=issue_url,
                 polluters=polluters,
                 tests=tests,
+                variant=self.scope.variant_of(variant),
+                signatures=self.scope.signatures_of(fingerprint, tests),
                 now=now,
             )
             data = entry.model_dump(mode="json")
