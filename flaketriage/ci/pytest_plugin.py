@@ -6,7 +6,7 @@ command that reruns it alone, seeds, output, traceback, and the tests that ran b
 process, and the data it declared: `flaketriage.ci.pytest_data`); a failing test on the quarantine
 list (fetched at session start when it comes from the service) is reported as quarantined and does
 not fail the session, unless its entry is limited to another variant (``gpu=...``: the session's is
-read once, at the first failure such an entry names, `flaketriage.ci.quarantine_list.run_variant`)
+read once, when first needed, `flaketriage.ci.quarantine_list.run_variant`; the results sent share it)
 or to another failure (its signatures), when it fails as usual and the summary says why; and the
 session ends with one summary line.
 
@@ -323,8 +323,12 @@ class FlaketriageSession:
                 return
             from flaketriage.ci.pytest_results import send_results
 
+            # The variant the quarantine is matched with, so that history and quarantine agree.
             upload = self.results.upload(
-                settings, set(self.quarantined), cwd=self.config.invocation_params.dir
+                settings,
+                set(self.quarantined),
+                cwd=self.config.invocation_params.dir,
+                variant=self._run_variant(),
             )
             if upload is None:
                 self.notes.append(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flaketriage.results.model import ResultsUpload
     from flaketriage.settings import Settings
+    from flaketriage.variant import Variant
 
 
 @dataclass
@@ -61,11 +62,14 @@ class SessionResults:
         *,
         cwd: Path,
         environ: dict[str, str] | None = None,
+        variant: Variant | None = None,
     ) -> ResultsUpload | None:
-        """The session's upload, or None when no test ran or no repository is known."""
+        """The session's upload, or None when no test ran or no repository is known. `variant` is
+        the session's (`flaketriage.ci.quarantine_list.run_variant`, the one its quarantine entries
+        are matched with); None: `current_variant` with ``FLAKETRIAGE_GPU`` alone."""
         from flaketriage.results.ci_context import RunContext, detect
         from flaketriage.results.model import Attempt, ResultsUpload, TestResult, upload_key
-        from flaketriage.variant import current_variant
+        from flaketriage.variant import GPU_VARIABLE, current_variant
 
         if not self.tests:
             return None
@@ -87,7 +91,8 @@ class SessionResults:
             )
             for rel, t in self.tests.items()
         )
-        variant = current_variant(env, env.get("FLAKETRIAGE_GPU"))
+        if variant is None:
+            variant = current_variant(env, env.get(GPU_VARIABLE))
         body = repr(sorted((t.test_id, t.outcome, len(t.attempts)) for t in tests)).encode("utf-8", "replace")
         return ResultsUpload(
             upload_id=upload_key(

@@ -13,7 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from flaketriage.ci.pytest_results import SessionResults
+from flaketriage.ci.quarantine_list import run_variant
 from flaketriage.records.models import ResultRow, TestRow, UploadRow
+from flaketriage.variant import variant_key
 from tests.ci.live_service import SERVICE_SECRET, LiveService, live_service
 
 pytest_plugins = ["pytester"]
@@ -133,6 +135,9 @@ def test_a_session_sends_every_tests_outcome(pytester: pytest.Pytester, service:
         "unit",
     )
     assert upload.source == "pytest" and upload.run_url == "https://github.com/acme/models/actions/runs/777"
+    # The variant the quarantine is matched with (its GPU read as a capture reads it).
+    here = run_variant({k: v for k, v in os.environ.items() if not k.startswith("FLAKETRIAGE_")})
+    assert upload.variant_key == variant_key(here) and "gpu=" in upload.variant_key
     assert tests == {
         "test_suite.py::test_passes": ("passed", 1),
         "test_suite.py::test_fails": ("failed", 2),  # failed, rerun once, failed again
