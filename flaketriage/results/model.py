@@ -32,6 +32,8 @@ MAX_MESSAGE = 2_000
 def _text(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
+    if value.isascii():
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

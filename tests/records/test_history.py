@@ -222,3 +222,12 @@ def test_text_no_record_can_hold_is_refused_by_the_model_not_the_database() -> N
 
     with pytest.raises(ValidationError, match="NUL"):
         TestResult(test_id="t::\x00a", outcome="passed")
+
+
+def test_text_that_copy_escapes_is_stored_as_it_was_sent(database: Database) -> None:
+    branch = "feature/a\\b\tc\nd\re é"
+    record(database, upload(1, [failed("t::tab\there", signature="ab" * 8), passed("t::é\\")], branch=branch))
+    with database.session() as session:
+        rows = session.execute(select(TestRow.test_id, ResultRow.branch, ResultRow.signature).join(
+            ResultRow, ResultRow.test_pk == TestRow.id)).all()  # fmt: skip
+    assert sorted(rows) == [("t::tab\there", branch, "ab" * 8), ("t::é\\", branch, None)]
