@@ -470,7 +470,7 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
         description="A test whose outcome changes between pass and fail in more than this share of "
-        "its last 50 results (and at least `FLAKETRIAGE_FLIP_MIN_RUNS` of them) is suspected flaky.",
+        "its last 50 results (given enough of them) is suspected flaky.",
     )
     flip_min_runs: int = Field(
         default=10, ge=2, description="Results a test needs before its flip rate can make it suspect."
