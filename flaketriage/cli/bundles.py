@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from flaketriage.bundle.io import BundleIndex, describe_failure, load_manifest, read_index, verify_bundle
-from flaketriage.bundle.manifest import Manifest
-from flaketriage.bundle.transfer import DEFAULT_THREADS, TransferReport, copy_bundles
 from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, out, plain, settings_for
 from flaketriage.errors import StoreError
-from flaketriage.store import Store, local_path, open_store
 from flaketriage.text.os_strings import shell_join, shell_word
+
+if TYPE_CHECKING:
+    from flaketriage.bundle.manifest import Manifest
+    from flaketriage.bundle.transfer import TransferReport
+    from flaketriage.store import Store
+
+# Bundles and stores are imported by the commands that use them: every command starts faster.
+DEFAULT_THREADS = 8
+"""`flaketriage.bundle.transfer.DEFAULT_THREADS` (a test keeps the two equal)."""
 
 app = typer.Typer(help="Inspect, verify, export and copy captured bundles.", no_args_is_help=True)
 
@@ -31,6 +36,8 @@ ThreadsOption = Annotated[int, typer.Option("--threads", min=1, max=64, help="Ob
 
 
 def _readonly_store(store: str | None) -> Store:
+    from flaketriage.store import open_store
+
     settings = settings_for(store)
     return open_store(settings.store, readonly=True, settings=settings)
 
@@ -38,6 +45,9 @@ def _readonly_store(store: str | None) -> Store:
 @app.command("list")
 def list_command(store: StoreOption = None, as_json: JsonOption = False) -> None:
     """List bundles, newest first."""
+    from flaketriage.bundle.io import BundleIndex, read_index
+    from flaketriage.store import local_path, open_store
+
     settings = settings_for(store)
     location = settings.store
     path = local_path(location)
@@ -77,6 +87,8 @@ def _is_dir(path: Path) -> bool:
 
 
 def _show(manifest: Manifest) -> None:
+    from flaketriage.bundle.io import describe_failure
+
     f = manifest.failure
     rows = [
         ("bundle", manifest.bundle_id),
@@ -143,6 +155,8 @@ def show_command(
     as_json: JsonOption = False,
 ) -> None:
     """Show a readable summary of one bundle."""
+    from flaketriage.bundle.io import load_manifest
+
     manifest = load_manifest(_readonly_store(store), bundle)
     if as_json:  # with its file lists, which the stored form keeps in objects of their own
         out.print_json(json.dumps(manifest.model_dump(mode="json"), sort_keys=True), ensure_ascii=True)
@@ -156,6 +170,8 @@ def verify_command(
 ) -> None:
     """Check a bundle's index entry, manifest (schema, paths, commit) and every blob (re-hashed,
     sizes); exit 1 when the bundle is damaged, 2 when no bundle has that id."""
+    from flaketriage.bundle.io import verify_bundle
+
     report = verify_bundle(_readonly_store(store), bundle)
     if report.ok:
         out.print(f"ok: bundle {report.bundle_id[:12]}, {report.blobs} blobs, {report.bytes} bytes verified")
@@ -180,6 +196,7 @@ def export_command(
     store: StoreOption = None,
 ) -> None:
     """Write a self-contained reproduction that runs without flaketriage."""
+    from flaketriage.bundle.io import load_manifest
     from flaketriage.process.git import Git
     from flaketriage.workers.export import export_bundle
 
@@ -203,6 +220,9 @@ def push_command(
     as_json: JsonOption = False,
 ) -> None:
     """Copy bundles from the store to another: only the objects it lacks, its index entry last."""
+    from flaketriage.bundle.transfer import copy_bundles
+    from flaketriage.store import open_store
+
     settings = settings_for(store)
     source = open_store(settings.store, readonly=True, settings=settings)
     dest = open_store(to, shared=settings.store_shared, settings=settings)
@@ -222,6 +242,9 @@ def pull_command(
     as_json: JsonOption = False,
 ) -> None:
     """Copy bundles from another store into the store: only the objects it lacks, its index entry last."""
+    from flaketriage.bundle.transfer import copy_bundles
+    from flaketriage.store import open_store
+
     settings = settings_for(store)
     source = open_store(source_url, readonly=True, settings=settings)
     dest = open_store(settings.store, shared=settings.store_shared, settings=settings)

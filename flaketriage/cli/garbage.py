@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import re
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, out, plain, settings_for
 from flaketriage.errors import ConfigError
-from flaketriage.store import open_store
-from flaketriage.store.gc import GarbageReport, collect
-from flaketriage.store.retention import retained_bundles, service_database
+
+if TYPE_CHECKING:
+    from flaketriage.store.gc import GarbageReport
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks", "": "days"}
@@ -50,6 +50,10 @@ def gc(
 ) -> None:
     """Collect the store's garbage: old bundles nobody keeps, then unreferenced objects (a dry run
     unless --apply); exit 1 when a manifest could not be read, so no object was deleted."""
+    from flaketriage.store import open_store
+    from flaketriage.store.gc import collect
+    from flaketriage.store.retention import retained_bundles, service_database
+
     settings = settings_for(store)
     cutoff = timedelta(days=settings.gc_older_than_days)
     if older_than is not None:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from flaketriage.ci.notify import Notifier, Sending, event_for_bundle, record_deliveries, unsent_bundles
 from flaketriage.cli.console import JsonOption, StoreOption, err, labelled, settings_for
 from flaketriage.errors import ConfigError
-from flaketriage.events import StoreLocation
-from flaketriage.store import open_store
+
+if TYPE_CHECKING:
+    from flaketriage.ci.notify import Notifier, Sending
 
 
 def notify(
@@ -63,6 +63,10 @@ def notify(
     """Send signed failure events to the service. What cannot be sent yet waits in the outbox; what
     the service refuses for good (a wrong URL or secret, a store it does not read) is an error line
     naming the setting to change. Exits 0 either way, unless --strict."""
+    from flaketriage.ci.notify import Notifier, Sending, event_for_bundle, record_deliveries, unsent_bundles
+    from flaketriage.events import StoreLocation
+    from flaketriage.store import open_store
+
     if not (bundles or new or flush):
         raise ConfigError("nothing to send: give BUNDLE ids, --new (every unsent bundle) or --flush")
     settings = settings_for(store)

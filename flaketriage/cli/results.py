@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from flaketriage.ci.notify import post_signed
 from flaketriage.cli.console import JsonOption, err, labelled, settings_for
 from flaketriage.errors import ConfigError, NotifyError
-from flaketriage.results.ci_context import RunContext, detect
-from flaketriage.results.model import MAX_TESTS, ResultsUpload, TestResult, upload_key
 from flaketriage.settings import Settings
 from flaketriage.variant import checked_variant, current_variant, parse_variant
+
+if TYPE_CHECKING:
+    from flaketriage.results.ci_context import RunContext
+    from flaketriage.results.model import ResultsUpload
 
 app = typer.Typer(
     help="CI results: every test's outcome, kept as history by the service.", no_args_is_help=True
@@ -47,6 +48,7 @@ def build_upload(
     """One upload of every test in `files` (JUnit XML), keyed by the run, job, attempt, variant and
     the files' bytes: the same files sent twice are one delivery."""
     from flaketriage.results.junit import read_junit_file
+    from flaketriage.results.model import MAX_TESTS, ResultsUpload, TestResult, upload_key
 
     tests: list[TestResult] = []
     parts: list[bytes] = []
@@ -145,6 +147,9 @@ def upload(
     """Send every test's outcome in these JUnit XML files to the service: its CI history finds tests
     that fail and pass on one commit, resolves fixed failures, and updates the pull request's check
     run. Exits 0 when the service cannot be reached (a CI job should not fail for it), unless --strict."""
+    from flaketriage.ci.notify import post_signed
+    from flaketriage.results.ci_context import RunContext, detect
+
     settings = settings_for(None)
     extra: dict[str, str] = {}
     for item in variant or []:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from flaketriage.bundle.manifest import FailureCriteria, MetricBound
 from flaketriage.cli.console import (
     JsonOption,
     StoreOption,
@@ -23,10 +22,10 @@ from flaketriage.cli.console import (
     with_local_reports,
 )
 from flaketriage.errors import ConfigError
-from flaketriage.process.child import check_timeout, shell_exit_code
-from flaketriage.quarantine import EntryScope
-from flaketriage.store import open_store
 from flaketriage.text.printable import printable
+
+if TYPE_CHECKING:
+    from flaketriage.bundle.manifest import FailureCriteria
 
 if TYPE_CHECKING:
     from flaketriage.workers.triage import TriageResult
@@ -40,6 +39,8 @@ def criteria_from_options(
     metrics_file: str | None,
 ) -> FailureCriteria:
     import re
+
+    from flaketriage.bundle.manifest import FailureCriteria, MetricBound
 
     for pattern in fail_patterns:
         try:
@@ -86,6 +87,8 @@ def capture(
     """Run COMMAND; when it fails, capture a bundle. Exits with COMMAND's exit code."""
     from flaketriage.capture.record import CaptureRequest, run_and_capture
     from flaketriage.capture.source import SourceLimits
+    from flaketriage.process.child import check_timeout, shell_exit_code
+    from flaketriage.store import open_store
 
     check_timeout(timeout, "--timeout")
     settings = settings_for(store)
@@ -150,6 +153,9 @@ def triage(
 ) -> None:
     """Replay a bundle until a verdict is certain; optionally minimize it; write the report."""
     from flaketriage.files.modes import FileModes
+    from flaketriage.process.child import check_timeout
+    from flaketriage.quarantine import EntryScope
+    from flaketriage.store import open_store
     from flaketriage.workers.quarantine.file import Quarantine
     from flaketriage.workers.replay import ReplayContext
     from flaketriage.workers.report.backend import open_issue_sink

@@ -20,9 +20,6 @@ from flaketriage.cli.console import (
     with_local_reports,
 )
 from flaketriage.errors import ConfigError
-from flaketriage.process.child import check_timeout
-from flaketriage.quarantine import EntryScope
-from flaketriage.store import open_store
 from flaketriage.text.printable import printable
 
 
@@ -60,6 +57,9 @@ def telemetry(
     """Replay a bundle (one that did not reproduce) longer, sampling CPU, memory and GPUs; profile it."""
     from flaketriage.bundle.io import load_manifest
     from flaketriage.files.modes import FileModes
+    from flaketriage.process.child import check_timeout
+    from flaketriage.quarantine import EntryScope
+    from flaketriage.store import open_store
     from flaketriage.workers.quarantine.file import Quarantine
     from flaketriage.workers.replay import ReplayContext, Replayer
     from flaketriage.workers.report.backend import open_issue_sink

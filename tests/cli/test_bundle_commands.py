@@ -73,3 +73,23 @@ def test_export_runs_without_flaketriage(cli, tmp_path: Path) -> None:  # type: 
     assert run.returncode == 4
     assert run.stdout.strip() == f"seed {seed}"
     assert "pydantic==" in (dest / "requirements.txt").read_text()
+
+
+def test_the_commands_default_thread_count_is_the_transfers() -> None:
+    from flaketriage.bundle.transfer import DEFAULT_THREADS
+    from flaketriage.cli import bundles
+
+    assert bundles.DEFAULT_THREADS == DEFAULT_THREADS
+
+
+def test_starting_the_command_line_loads_only_what_every_command_needs() -> None:
+    import subprocess
+    import sys
+
+    heavy = (
+        "flaketriage.bundle.io", "flaketriage.bundle.transfer", "flaketriage.ci", "flaketriage.quarantine",
+        "flaketriage.results", "flaketriage.store.gc", "flaketriage.events",
+    )  # fmt: skip
+    probe = f"import sys, flaketriage.cli; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
