@@ -79,7 +79,7 @@ class SessionResults:
             return None
         tests = tuple(
             TestResult(
-                test_id=rel,
+                test_id=rel[:2000],
                 outcome=t.outcome,  # type: ignore[arg-type]
                 duration_s=round(t.duration_s, 6),
                 message=t.message,

@@ -703,5 +703,8 @@ def _validation_text(errors: Any) -> str:
     parts = []
     for error in list(errors)[:5]:
         loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {error.get('msg', 'invalid')}")
+        message = error.get("msg", "invalid")
+        if error.get("type") == "string_pattern_mismatch" and "\\x00" in str(error.get("ctx", {}).get("pattern")):
+            message = "must not contain NUL characters"  # what the no-NUL pattern means
+        parts.append(f"{loc}: {message}")
     return "; ".join(parts)

@@ -220,7 +220,7 @@ def test_text_no_record_can_hold_is_refused_by_the_model_not_the_database() -> N
     import pytest
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="NUL"):
+    with pytest.raises(ValidationError, match="x00"):
         TestResult(test_id="t::\x00a", outcome="passed")
 
 
