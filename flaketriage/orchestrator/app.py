@@ -704,7 +704,8 @@ def _validation_text(errors: Any) -> str:
     for error in list(errors)[:5]:
         loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         message = error.get("msg", "invalid")
-        if error.get("type") == "string_pattern_mismatch" and "\\x00" in str(error.get("ctx", {}).get("pattern")):
+        pattern = str(error.get("ctx", {}).get("pattern"))
+        if error.get("type") == "string_pattern_mismatch" and "\\x00" in pattern:
             message = "must not contain NUL characters"  # what the no-NUL pattern means
         parts.append(f"{loc}: {message}")
     return "; ".join(parts)
