@@ -3,7 +3,8 @@
 The steps are run the way the runner runs them (bash -e -o pipefail, with the step's env and
 working directory, outputs passed through GITHUB_OUTPUT); the install step and actions/setup-python
 are replaced by this checkout's flaketriage. Uploads go to a real S3-compatible server (moto); `aws`
-is a stub that records any call, since the action must not need the AWS CLI.
+is a stub that records any call, since the action must not need the AWS CLI. The results step sends
+JUnit files the real tools wrote (tests/results/fixtures) to the real receiver served on loopback.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from sqlalchemy import select
 
 from flaketriage.bundle.io import list_bundles, verify_bundle
+from flaketriage.records.models import UploadRow
 from flaketriage.settings import load_settings
 from flaketriage.store import LocalStore, open_store
+from tests.ci.live_service import SERVICE_SECRET, live_service
 from tests.conftest import S3Server
 
 ACTION = Path(__file__).parents[2] / ".github" / "actions" / "capture" / "action.yml"
@@ -239,3 +243,41 @@ def test_no_bundles_no_upload(tmp_path: Path) -> None:
     runner.run(_installed(tmp_path))
     assert runner.outputs["bundles"]["count"] == "0"
     assert not (tmp_path / "aws-calls").exists()
+
+
+def test_results_are_sent_with_the_run_from_github_variables(tmp_path: Path) -> None:
+    fixtures = Path(__file__).parents[1] / "results" / "fixtures"
+    ws = tmp_path / "ws"
+    (ws / "reports").mkdir(parents=True)
+    shutil.copy(fixtures / "pytest-reruns.xml", ws / "reports" / "unit.xml")
+    shutil.copy(fixtures / "gotestsum.xml", ws / "reports" / "go.xml")
+    with live_service(tmp_path / "service") as service:
+        inputs = {
+            "notify-url": service.events_url,
+            "webhook-secret": SERVICE_SECRET,
+            "results": "reports/*.xml missing-*.xml",
+        }
+        env = _env(tmp_path, ws) | {"GITHUB_SHA": "c" * 40, "GITHUB_REF_NAME": "main"}
+        runner = Runner(tmp_path, inputs, env)
+        runner.run(_installed(tmp_path))
+        with service.service.database.session() as session:
+            [upload] = session.scalars(select(UploadRow)).all()
+    assert "accepted:" in runner.logs["results"] and "24 tests" in runner.logs["results"]
+    assert (upload.repository, upload.run_id, upload.job, upload.attempt) == (
+        "acme/models",
+        "4242",
+        "train",
+        2,
+    )
+    assert (upload.commit, upload.branch) == ("c" * 40, "main")
+    assert upload.run_url == "https://github.com/acme/models/actions/runs/4242"
+    assert (upload.tests, upload.passed_on_retry, upload.source) == (24, 2, "junit")
+
+
+def test_results_without_a_matching_file_warn_and_pass(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    inputs = {"notify-url": "http://127.0.0.1:9/v1/events", "webhook-secret": "s", "results": "none/*.xml"}
+    runner = Runner(tmp_path, inputs, _env(tmp_path, ws))
+    runner.run(_installed(tmp_path))
+    assert "::warning::flaketriage: no file matches results 'none/*.xml'" in runner.logs["results"]
