@@ -311,7 +311,7 @@ def test_a_truncated_real_file_is_not_well_formed() -> None:
 
 def test_suites_nested_100_deep_are_refused() -> None:
     data = b"<testsuites>" + b"<testsuite>" * 100 + b'<testcase name="t"/>' + b"</testsuite>" * 100
-    assert f"nests test suites more than {junit.MAX_DEPTH} deep" in refused(data + b"</testsuites>")
+    assert f"nests elements more than {junit.MAX_DEPTH} deep" in refused(data + b"</testsuites>")
 
 
 def test_more_tests_than_an_upload_holds_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -348,7 +348,7 @@ def test_what_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
     zero.symlink_to("/dev/zero")
     assert "is not a regular file" in file_refused(zero)
     assert "is a directory" in file_refused(tmp_path)
-    assert file_refused(tmp_path / "missing.xml").endswith("does not exist")
+    assert "missing.xml does not exist; give the JUnit XML file" in file_refused(tmp_path / "missing.xml")
     dangling = tmp_path / "dangling.xml"
     dangling.symlink_to(tmp_path / "gone.xml")
     assert "does not exist" in file_refused(dangling)
