@@ -49,11 +49,14 @@ def summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 COUNTS = {
     "pytest.xml": (15, 6, 4, 2, 3, 0),
     "pytest-reruns.xml": (15, 7, 3, 2, 3, 1),
+    "pytest-xunit1.xml": (15, 6, 4, 2, 3, 0),
     "jest-junit.xml": (7, 4, 1, 1, 1, 0),
+    "jest-junit-invocations.xml": (7, 4, 1, 1, 1, 1),
     "gotestsum.xml": (9, 5, 3, 0, 1, 1),
     "go-junit-report.xml": (11, 4, 5, 1, 1, 0),
     "go-junit-report-rerun.xml": (9, 5, 3, 0, 1, 1),
     "surefire-flaky.xml": (6, 3, 1, 1, 1, 2),
+    "surefire.xml": (10, 6, 2, 1, 1, 2),
 }
 """tests, passed, failed, error, skipped, passed_on_retry of each fixture."""
 

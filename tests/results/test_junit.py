@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from flaketriage.errors import ResultsError
 from flaketriage.results import junit
 from flaketriage.results.junit import read_junit, read_junit_file
-from flaketriage.results.model import Outcome, TestResult
+from flaketriage.results.model import MAX_ATTEMPTS, MAX_MESSAGE, MAX_TEST_ID, Outcome, TestResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB = 2**20
@@ -49,10 +49,13 @@ def test_every_fixture_is_read_with_its_name_and_digest() -> None:
         "go-junit-report-rerun.xml",
         "go-junit-report.xml",
         "gotestsum.xml",
+        "jest-junit-invocations.xml",
         "jest-junit.xml",
         "pytest-reruns.xml",
+        "pytest-xunit1.xml",
         "pytest.xml",
         "surefire-flaky.xml",
+        "surefire.xml",
     ]
     for path in files:
         found = read_junit_file(path, max_bytes=MiB)
@@ -129,6 +132,13 @@ def test_pytest_ids_come_from_the_root_when_the_suite_is_renamed() -> None:
     assert {t.test_id for t in read_junit(data)} == set(PYTEST_IDS)
 
 
+def test_pytest_xunit1_names_the_file_and_gives_the_same_ids() -> None:
+    raw = (FIXTURES / "pytest-xunit1.xml").read_text()
+    assert ' file="pkg/test_things.py"' in raw and " file=" not in (FIXTURES / "pytest.xml").read_text()
+    tests = read("pytest-xunit1.xml")
+    assert {k: t.outcome.value for k, t in tests.items()} == PYTEST_IDS
+
+
 # -- Jest (jest-junit) ----------------------------------------------------------------------------
 def test_jest_junit() -> None:
     tests = read("jest-junit.xml")
@@ -151,6 +161,22 @@ def test_jest_junit() -> None:
     broken = tests["Test suite failed to run.src/broken.test.js"]
     assert broken.message == "Cannot find module './does-not-exist' from 'src/broken.test.js'"
     assert 0.25 <= tests["math slow waits a quarter second"].duration_s < 1
+
+
+def test_jest_junit_with_jests_count_of_runs() -> None:
+    """With the testcase property jest-junit's README shows (src/jest/properties), Jest's retries
+    are read: the runs before the last failed (Jest retries only what failed)."""
+    tests = read("jest-junit-invocations.xml")
+    assert {k: attempts(t) for k, t in tests.items()} == {
+        "math adds": ["passed"],
+        "math subtracts wrongly": ["failed"] * 3,  # jest.retryTimes(2)
+        "math divides by zero": ["skipped"],
+        "math multiplies matrices": ["passed"],
+        "math slow waits a quarter second": ["passed"],
+        "flaky at the top level": ["failed", "passed"],
+        "Test suite failed to run.src/broken.test.js": ["error"],  # its count is "undefined"
+    }
+    assert counts(tests) == {"passed": 4, "failed": 1, "error": 1, "skipped": 1, "passed_on_retry": 1}
 
 
 # -- go -----------------------------------------------------------------------------------------
@@ -210,7 +236,35 @@ def test_go_junit_report_of_a_scripted_rerun() -> None:
     assert counts(tests) == {"passed": 5, "failed": 3, "skipped": 1, "passed_on_retry": 1}
 
 
-# -- Maven Surefire (written by hand after its XSD: see fixtures/README.md) ----------------------
+# -- Maven Surefire -------------------------------------------------------------------------------
+CHECKOUT = "com.example.checkout.CheckoutTest."
+
+
+def test_surefire() -> None:
+    """What Maven Surefire 3.2.5 wrote with rerunFailingTestsCount=2 (JUnit Jupiter)."""
+    tests = read("surefire.xml")
+    assert {k: attempts(t) for k, t in tests.items()} == {
+        CHECKOUT + "flakyFailure": ["failed", "passed"],
+        CHECKOUT + "quantity(int)[1]": ["passed"],
+        CHECKOUT + "quantity(int)[2]": ["failed"] * 3,
+        CHECKOUT + "quantity(int)[3]": ["passed"],
+        CHECKOUT + "isSlow": ["passed"],
+        CHECKOUT + "totals": ["failed"] * 3,
+        CHECKOUT + "adds": ["passed"],
+        CHECKOUT + "flakyError": ["error", "passed"],
+        CHECKOUT + "needsGpu": ["skipped"],
+        CHECKOUT + "throwsOutsideAnAssertion": ["error"] * 3,
+    }
+    assert counts(tests) == {"passed": 6, "failed": 2, "error": 1, "skipped": 1, "passed_on_retry": 2}
+    flaky = tests[CHECKOUT + "flakyFailure"]
+    assert flaky.message == "flaky: first run (run 1) ==> expected: <true> but was: <false>"
+    assert tests[CHECKOUT + "throwsOutsideAnAssertion"].message == "cart is null"
+    assert tests[CHECKOUT + "needsGpu"].message is None
+    assert 0.2 <= tests[CHECKOUT + "isSlow"].duration_s < 1
+
+
+# Written by hand after Surefire's XSD (see fixtures/README.md): what the real file above does not
+# show (a rerun element without a message, a time with a thousands separator).
 SUREFIRE = "com.example.CalculatorTest."
 
 
@@ -371,6 +425,194 @@ def test_a_symlink_to_a_junit_file_is_read(tmp_path: Path) -> None:
     link = tmp_path / "latest.xml"
     link.symlink_to(FIXTURES / "pytest.xml")
     assert len(read_junit_file(link, max_bytes=MiB).tests) == len(PYTEST_IDS)
+
+
+def test_a_file_over_the_limit_is_never_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    big = tmp_path / "big.xml"
+    with big.open("wb") as handle:
+        handle.truncate(120 * MiB)  # sparse
+    monkeypatch.setattr(junit.os, "open", lambda *_: pytest.fail("the file was opened"))
+    message = file_refused(big, max_bytes=junit.MAX_JUNIT_BYTES)
+    assert "is 120 MiB, larger than the 100 MiB" in message and "it was not read" in message
+    with pytest.raises(ResultsError, match="larger than the 100 MiB"):
+        read_junit_file(big)  # the default limit
+
+
+def test_a_document_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(junit, "MAX_JUNIT_BYTES", 100)
+    assert "is 0.0 MiB, larger than the 0.0 MiB" in refused(b"<testsuite>" + b" " * 100 + b"</testsuite>")
+
+
+# -- what the reader makes of each construct -------------------------------------------------------
+def doc(*cases: str, suite: str = "s") -> bytes:
+    return f'<testsuites><testsuite name="{suite}">{"".join(cases)}</testsuite></testsuites>'.encode()
+
+
+def one(data: bytes) -> TestResult:
+    (test,) = read_junit(data)
+    return test
+
+
+def test_a_test_written_many_times_keeps_its_latest_attempts() -> None:
+    fails = [
+        f'<testcase classname="c" name="t" time="1"><failure message="try {i}"/></testcase>'
+        for i in range(30)
+    ]
+    test = one(doc(*fails, '<testcase classname="c" name="t" time="2"/>'))
+    assert (test.outcome, test.duration_s, test.passed_on_retry) == (Outcome.PASSED, 2.0, True)
+    assert [a.message for a in test.attempts] == [f"try {i}" for i in range(10, 30)]  # the last 20
+    assert test.message == "try 29"
+
+
+def test_an_empty_earlier_record_is_a_pass_outside_pytest() -> None:
+    """Only pytest-rerunfailures writes its reruns without an outcome; a test written twice by
+    another runner (two Jest tests of one name) did not fail."""
+    test = one(doc('<testcase classname="c" name="t"/>', '<testcase classname="c" name="t"/>'))
+    assert attempts(test) == ["passed", "passed"] and not test.passed_on_retry
+
+
+@pytest.mark.parametrize(
+    ("classname", "name", "file", "expected"),
+    [
+        ("tests.test_io.TestRead", "test_empty[gz]", "", "tests/test_io.py::TestRead::test_empty[gz]"),
+        ("tests.io_test", "test_x", "", "tests/io_test.py::test_x"),
+        ("tests.test_io.Describe.Nested", "test_x", "", "tests/test_io.py::Describe::Nested::test_x"),
+        # python_files = check_*.py: no part names the module, so no node id is made up.
+        ("tests.check_io", "test_x", "", "tests.check_io.test_x"),
+        # A directory with a dot in its name: only the file attribute says where the module ends.
+        ("tests.v1.2.test_io.TestA", "t", "tests/v1.2/test_io.py", "tests/v1.2/test_io.py::TestA::t"),
+        ("tests.v1.2.test_io", "test_x[a/b]", "tests/v1.2/test_io.py", "tests/v1.2/test_io.py::test_x[a/b]"),
+        ("", "test_x", "", "test_x"),
+    ],
+)  # fmt: skip
+def test_pytest_node_ids(classname: str, name: str, file: str, expected: str) -> None:
+    attrs = f'classname="{classname}" name="{name}"' + (f' file="{file}"' if file else "")
+    assert one(doc(f"<testcase {attrs}/>", suite="pytest")).test_id == expected
+
+
+@pytest.mark.parametrize(
+    ("attrs", "expected"),
+    [
+        ('classname="com.acme.FooTest" name="bar"', "com.acme.FooTest.bar"),
+        ('classname="tests.test_io" name="test_x"', "tests.test_io.test_x"),  # no sign of pytest
+        ('classname="tests.test_io" name="test_x" file="tests/test_io.py"', "tests/test_io.py::test_x"),
+        ('classname="" name="only"', "only"),
+        ('name="  padded  "', "padded"),
+        ('classname="same" name="same"', "same"),
+        ("", "(unnamed)"),
+    ],
+)
+def test_other_test_ids(attrs: str, expected: str) -> None:
+    assert one(doc(f"<testcase {attrs}/>")).test_id == expected
+
+
+@pytest.mark.parametrize(
+    ("time", "seconds"),
+    [("1.5", 1.5), ("1,234.5", 1234.5), ("abc", 0.0), ("-1", 0.0), ("nan", 0.0), ("inf", 0.0), ("1e9", 0.0)],
+)
+def test_durations(time: str, seconds: float) -> None:
+    assert one(doc(f'<testcase name="t" time="{time}"/>')).duration_s == seconds
+
+
+def test_messages() -> None:
+    failure = '<testcase name="t"><failure message="{}">{}</failure></testcase>'
+    assert one(doc(failure.format("", "\n\n  first line  \nsecond"))).message == "first line"
+    assert one(doc(failure.format("m", "text"))).message == "m"
+    assert one(doc(failure.format("x" * 5000, ""))).message == "x" * MAX_MESSAGE
+    assert one(doc(failure.format("Failed", "=== RUN   T\n--- FAIL: T"))).message == "Failed"
+    assert one(doc('<testcase name="t"><failure/></testcase>')).message is None
+    assert one(doc('<testcase name="t"><skipped message="no GPU"/></testcase>')).message is None
+
+
+def test_character_references_anywhere() -> None:
+    case = '<testcase name="&#9679; t">&#9679;<system-out>&#233;</system-out><failure>&#233;t&#233;</failure>'
+    test = one(doc(case + "</testcase>"))
+    assert (test.test_id, test.message) == ("● t", "été")
+
+
+def test_a_failure_outranks_a_skip() -> None:
+    test = one(doc('<testcase name="t"><skipped/><error message="teardown"/></testcase>'))
+    assert (test.outcome, test.message) == (Outcome.ERROR, "teardown")
+
+
+def test_where_test_cases_are_read() -> None:
+    nested = b'<testsuites><testsuite name="a"><testsuite name="b"><testcase name="t"/></testsuite>'
+    nested += b'<properties><property name="x" value="y"/></properties></testsuite></testsuites>'
+    assert [t.test_id for t in read_junit(nested)] == ["t"]  # Bazel and Surefire nest suites
+    assert [t.test_id for t in read_junit(b'<testsuite><testcase name="u"/></testsuite>')] == ["u"]
+    assert read_junit(b'<testsuite><properties><testcase name="v"/></properties></testsuite>') == []
+
+
+def test_a_huge_attribute_costs_about_the_size_of_the_file() -> None:
+    """Memory grows with the file, no faster: expat's buffers and the strings it makes, three to
+    four times its size. bench/junit.py measures a 50 MB attribute; 8 MB keeps this test fast."""
+    name, message = "n" * (8 * MiB), "m" * (2 * MiB)
+    data = (
+        f'<testsuite><testcase name="{name}"><failure message="{message}"/></testcase></testsuite>'.encode()
+    )
+    tracemalloc.start()
+    try:
+        test = one(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(test.test_id) == MAX_TEST_ID and len(test.message or "") == MAX_MESSAGE
+    assert peak < 5 * len(data)
+
+
+def test_memory_holds_what_is_kept_not_the_tree() -> None:
+    """A test case of 200,000 elements, then the same test written 20,000 times."""
+    elements = doc('<testcase name="t"><system-out>' + "<a/>" * 200_000 + "</system-out></testcase>")
+    repeated = doc(*['<testcase name="t"><failure message="m"/></testcase>'] * 20_000)
+    for data in (elements, repeated):
+        tracemalloc.start()
+        try:
+            (test,) = read_junit(data)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < len(data) + MiB  # a tree of the elements would take about 15 MiB
+    assert len(test.attempts) == MAX_ATTEMPTS
+
+
+def test_more_elements_than_any_runner_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(junit, "MAX_ELEMENTS", 100)
+    message = refused(doc('<testcase name="t"><system-out>' + "<b/>" * 200 + "</system-out></testcase>"))
+    assert "holds more than 100 elements" in message
+
+
+def test_elements_nested_100_000_deep_are_refused_at_the_65th() -> None:
+    deep = (
+        b"<testsuite><testcase name='t'>" + b"<a>" * 100_000 + b"</a>" * 100_000 + b"</testcase></testsuite>"
+    )
+    assert "nests elements more than 64 deep" in refused(deep)
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b'[{"name": "t"}]', "is not XML (it looks like JSON): JUnit XML starts with '<'"),
+        (b'<testsuite name="x"><testcase name="t">', "was it cut short"),
+        (b'<testsuite><testcase name="caf\xe9"/></testsuite>', "its bytes are not UTF-8 (at byte 30)"),
+        (b'<testsuite><testcase name="a\x00b"/></testsuite>', "XML 1.0 forbids control characters"),
+        (b'<testsuite><testcase name="a\x1bb"/></testsuite>', "XML 1.0 forbids control characters"),
+        (b'<testsuite><testcase name="a&#0;b"/></testsuite>', "not well-formed XML: reference to invalid"),
+        (b"<testsuite><testcase name='t'></testsuite>", "not well-formed XML: mismatched tag"),
+        (b"<testsuite/><testsuite/>", "not well-formed XML: junk after document element"),
+        (b'<!DOCTYPE t SYSTEM "http://example.invalid/t.dtd"><testsuite/>', "declares a DTD or entities"),
+        (b'<!DOCTYPE t [<!ENTITY % p SYSTEM "file:///etc/passwd"> %p;]><testsuite/>', "declares a DTD"),
+    ],
+    ids=["json-list", "cut-short", "latin-1", "nul", "escape", "char-ref-0", "mismatched", "two-roots",
+         "external-dtd", "parameter-entity"],
+)  # fmt: skip
+def test_more_of_what_is_not_junit_xml(data: bytes, said: str) -> None:
+    assert said in refused(data)
+
+
+def test_an_encoding_the_file_declares_is_read() -> None:
+    latin = b'<?xml version="1.0" encoding="ISO-8859-1"?><testsuite><testcase name="caf\xe9"/></testsuite>'
+    assert one(latin).test_id == "café"
+    assert one('<testsuite><testcase name="ü"/></testsuite>'.encode("utf-16")).test_id == "ü"
 
 
 FRAGMENTS = [
