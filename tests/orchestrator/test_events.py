@@ -17,7 +17,7 @@ import pytest
 from httpx2 import Response
 from sqlalchemy.exc import OperationalError
 
-from flaketriage.records import Database
+from flaketriage.records import Base, Database
 from flaketriage.signing import signed_headers
 from flaketriage.store import store_url
 from flaketriage.work.dispatch import Dispatcher, MemorySender
@@ -27,9 +27,8 @@ if TYPE_CHECKING:
     from conftest import BeforeStatement, Captured, MakeReceiver, Receiver  # tests/orchestrator/conftest.py
 
 SECRET = b"events-secret"  # conftest.EVENTS_SECRET
-EMPTY = {
-    "cases": 0, "deliveries": 0, "occurrences": 0, "quarantine": 0, "replays": 0, "runners": 0, "work": 0,
-}  # fmt: skip
+EMPTY = dict.fromkeys((table.name for table in Base.metadata.sorted_tables), 0)
+"""Every table of the schema, empty: a refused event writes to none of them."""
 
 
 def test_a_signed_event_becomes_a_case_an_occurrence_and_one_triage(
