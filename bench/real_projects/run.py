@@ -75,7 +75,7 @@ class Outcome:
     seconds: float = 0.0
     right: bool = False
     note: str = ""
-    triage_json: dict | None = None
+    triage_json: dict[str, object] | None = None
 
 
 def load_cases(path: Path) -> list[Case]:

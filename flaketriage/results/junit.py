@@ -32,7 +32,12 @@ after it classes: exact, even for a directory with a dot in its name. Without on
 default) the module is the last dotted part named ``test_*`` or ``*_test`` (pytest's default
 ``python_files``) and the parts after it classes: ``tests.unit.test_io.TestRead`` and
 ``test_empty[gz]`` are ``tests/unit/test_io.py::TestRead::test_empty[gz]``; a file collected under
-other names keeps ``classname.name``. Any other runner's id is ``classname.name`` (go:
+other names keeps ``classname.name``. A collector that pytest reports as a test case (a module
+that failed to collect or was skipped whole, a directory whose ``conftest.py`` failed) has an empty
+classname and its path, dotted, as the name: its node id is the ``file`` when one is written, else
+the path, a module's (``tests.test_help`` is ``tests/test_help.py``) when its last part names a
+test module and otherwise a directory's (``pkg.tests`` is ``pkg/tests``); a name without a dot
+is kept. Any other runner's id is ``classname.name`` (go:
 ``example.com/pkg.TestX/sub``; Surefire: ``com.example.FooTest.bar``), or the name alone when the
 class is empty or is the name (jest-junit writes ``describe test`` as both); names stripped of
 surrounding blanks, ids cut to `MAX_TEST_ID` characters.
@@ -452,7 +457,9 @@ def _not_well_formed(name: str, data: bytes, exc: Exception) -> str:
 
 def _test_id(classname: str, name: str, file: str, pytest: bool) -> str:
     name = name or "(unnamed)"
-    if pytest and classname:
+    if pytest and not classname:
+        return _pytest_collector(name, file)[:MAX_TEST_ID].rstrip()
+    if pytest:
         prefix = _pytest_prefix(classname, file)
         if prefix is not None:
             return f"{prefix}::{name}"[:MAX_TEST_ID].rstrip()
@@ -471,13 +478,30 @@ def _pytest_prefix(classname: str, file: str) -> str | None:
         module = path[: -len(".py")].replace("/", ".").split(".")
         if parts[: len(module)] == module:
             return "::".join([path, *parts[len(module) :]])
-    found = max(
-        (i for i, part in enumerate(parts) if part.startswith("test_") or part.endswith("_test")),
-        default=None,
-    )
+    found = _module_index(parts)
     if found is None:
         return None
     return "::".join(["/".join(parts[: found + 1]) + ".py", *parts[found + 1 :]])
+
+
+def _pytest_collector(name: str, file: str) -> str:
+    """``tests/test_help.py`` for the collector pytest wrote as ``name="tests.test_help"`` with no
+    classname (the rule is in the module's docstring)."""
+    path = file.replace("\\", "/")
+    if path and path.removesuffix(".py").replace("/", ".") == name:
+        return path
+    if "." not in name:
+        return name
+    parts = name.split(".")
+    return "/".join(parts) + (".py" if _module_index(parts) == len(parts) - 1 else "")
+
+
+def _module_index(parts: list[str]) -> int | None:
+    """Where the module is in pytest's dotted path: the last part named ``test_*`` or ``*_test``."""
+    return max(
+        (i for i, part in enumerate(parts) if part.startswith("test_") or part.endswith("_test")),
+        default=None,
+    )
 
 
 def _invocations(value: str | None) -> list[Attempt]:
