@@ -58,6 +58,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -240,6 +241,7 @@ class _Reader:
         self.text: list[str] | None = None  # the head of its text, while it is open
         self.text_size = 0
         self.properties = False  # the case's <properties> is open
+        self.expat: Any = None  # the expat parser, when this target is wired to it directly
 
     def read(self, data: bytes) -> None:
         from defusedxml import DefusedXmlException, DTDForbidden
@@ -253,6 +255,14 @@ class _Reader:
             expat.ordered_attributes = False
             expat.StartElementHandler = self.start
             expat.EndElementHandler = self.end
+            # Text is only wanted inside a result element (a failure's message): between elements
+            # (the indentation) expat skips it without calling Python at all.
+            # (ElementTree's default handler would then take character references for undefined
+            # entities; without it, expat delivers them as text where text is read and refuses a
+            # truly undefined entity itself.)
+            expat.CharacterDataHandler = None
+            expat.DefaultHandlerExpand = None
+            self.expat = expat
         try:
             parser.feed(data)  # whole: expat reparses a long token from the start at each new chunk
             parser.close()
@@ -343,11 +353,15 @@ class _Reader:
     def _open_child(self, tag: str, attrib: dict[str, str]) -> None:
         if tag in self.tags.outcomes or tag in self.tags.interim:
             self.result, self.text, self.text_size = (tag, attrib), [], 0
+            if self.expat is not None:
+                self.expat.CharacterDataHandler = self.data
         elif tag == "properties":
             self.properties = True
 
     def _close_child(self, case: _Record) -> None:
         self.properties = False
+        if self.expat is not None:
+            self.expat.CharacterDataHandler = None
         if self.result is None:
             return
         (tag, attrib), text = self.result, "".join(self.text or ())
