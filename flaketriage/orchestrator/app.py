@@ -330,7 +330,7 @@ def create_app(service: Service) -> FastAPI:
             refuse("results", 401, str(exc), "bad_signature")
         upload = await anyio.to_thread.run_sync(_results, raw, refuse)
         answer_ = await anyio.to_thread.run_sync(
-            accept_results, service.database, service.dispatcher, settings, upload
+            accept_results, service.database, service.dispatcher, settings, upload, service.test_ids
         )
         outcome = answer_.outcome
         service.metrics.events.labels("results", outcome).inc()

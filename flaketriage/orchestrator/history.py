@@ -24,7 +24,7 @@ from flaketriage.orchestrator.api_models import (
 )
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, Database, QuarantineRow, ReplayRow, Work
-from flaketriage.records.history import HistoryStats, recent_results, record_upload
+from flaketriage.records.history import HistoryStats, TestIds, recent_results, record_upload
 from flaketriage.records.models import ResultRow, TestRow, UploadRow
 from flaketriage.results.model import ResultsUpload
 from flaketriage.settings import Settings
@@ -36,14 +36,23 @@ Sort = Literal["last_seen", "lost", "failures"]
 
 
 def accept_results(
-    database: Database, dispatcher: Dispatcher, settings: Settings, upload: ResultsUpload
+    database: Database,
+    dispatcher: Dispatcher,
+    settings: Settings,
+    upload: ResultsUpload,
+    known: TestIds | None = None,
 ) -> ResultsAccepted:
     """Record `upload` and the ``history`` step that reads it; send that step once committed
-    (`BrokerError` when the broker is down: recorded, and the sweep sends it)."""
+    (`BrokerError` when the broker is down: recorded, and the sweep sends it). `known` is the
+    receiver's `TestIds`, taught the upload's tests once they are committed."""
     outgoing: list[Outgoing | None] = []
     with database.session() as session:
         recorded = record_upload(
-            session, upload, storm_share=settings.storm_share, storm_min_tests=settings.storm_min_tests
+            session,
+            upload,
+            storm_share=settings.storm_share,
+            storm_min_tests=settings.storm_min_tests,
+            known=known,
         )
         work: list[int] = []
         if recorded.upload_pk is not None:
@@ -56,6 +65,8 @@ def accept_results(
             )
             work.append(row.id)
             outgoing.append(sent)
+    if known is not None and recorded.ids:
+        known.learn(recorded.ids)  # committed: the rows and their ids stand
     counts = upload.counts()
     answer = ResultsAccepted(
         outcome="accepted" if recorded.upload_pk is not None else "duplicate",

@@ -7,7 +7,7 @@ sending side and the intake, so tests build theirs with their own database and s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from flaketriage.orchestrator.intake import Intake, IntakeResult, Sighting, build_intake
@@ -17,6 +17,7 @@ from flaketriage.orchestrator.metrics import ServiceMetrics
 from flaketriage.orchestrator.sender import PingingSender, receiver_sender
 from flaketriage.orchestrator.sightings import StorePolicy
 from flaketriage.records import Database
+from flaketriage.records.history import TestIds
 from flaketriage.settings import Settings
 from flaketriage.work.dispatch import Dispatcher
 
@@ -41,6 +42,8 @@ class Service:
     policy: StorePolicy
     metrics: ServiceMetrics
     intake_queue: DeliveryRecorder
+    test_ids: TestIds = field(default_factory=TestIds)
+    """The test ids results uploads have committed (`flaketriage.records.history.TestIds`)."""
 
     def close(self) -> None:
         self.intake_queue.close()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,12 +41,41 @@ test_key.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 @dataclass(frozen=True)
 class Recorded:
     """What recording an upload did: its row id (None for a repeated upload), whether it was a storm,
-    and the tests that failed in it (by `TestRow` id) and those that passed."""
+    the tests that failed in it (by `TestRow` id) and those that passed, and every test's id by key
+    (for `TestIds.learn`, once the transaction committed)."""
 
     upload_pk: int | None
     storm: bool
     failed: tuple[int, ...] = ()
     passed: tuple[int, ...] = ()
+    ids: dict[str, int] = field(default_factory=dict, repr=False)
+
+
+class TestIds:
+    """Test ids by key that a receiver has seen committed, so the next upload of the same suite
+    does not look its 50,000 tests up again. Sound because a test's row keeps its id for good (tests
+    are never deleted or renumbered); learned only after the transaction that made them committed;
+    bounded (the oldest learned are dropped first). One per `Database`: another database (a test's
+    fresh one, a restored one) starts empty."""
+
+    __test__ = False
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.limit = limit
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def found(self, keys: Iterable[str]) -> dict[str, int]:
+        ids = self._ids
+        return {k: ids[k] for k in keys if k in ids}
+
+    def learn(self, ids: dict[str, int]) -> None:
+        with self._lock:
+            self._ids.update(ids)
+            overflow = len(self._ids) - self.limit
+            if overflow > 0:
+                for key in list(itertools.islice(self._ids, overflow)):
+                    del self._ids[key]
 
 
 def is_storm(tests: int, failures: int, *, share: float, min_tests: int) -> bool:
@@ -110,8 +140,10 @@ def record_upload(
     storm_share: float,
     storm_min_tests: int,
     now: datetime | None = None,
+    known: TestIds | None = None,
 ) -> Recorded:
-    """Record `upload` (nothing when its ``upload_id`` is already recorded)."""
+    """Record `upload` (nothing when its ``upload_id`` is already recorded); `known` spares looking
+    up the tests it holds."""
     if session.scalars(select(UploadRow.id).where(UploadRow.upload_id == upload.upload_id)).first():
         return Recorded(upload_pk=None, storm=False)
     now = now or utc_now()
@@ -146,7 +178,7 @@ def record_upload(
         return Recorded(upload_pk=row.id, storm=storm)
     names = {line.key: t.test_id for line, t in zip(lines, upload.tests, strict=True)}
     writer = _PostgresWriter if session.connection().dialect.name == "postgresql" else _SQLiteWriter
-    ids = writer(session.connection(), now).write(upload, variant, names, lines, row.id, storm)
+    ids = writer(session.connection(), now, known).write(upload, variant, names, lines, row.id, storm)
     failed: set[int] = set()
     passed: set[int] = set()
     for line in lines:
@@ -154,7 +186,9 @@ def record_upload(
             failed.add(ids[line.key])
         elif line.outcome == _PASSED:
             passed.add(ids[line.key])
-    return Recorded(upload_pk=row.id, storm=storm, failed=tuple(sorted(failed)), passed=tuple(sorted(passed)))
+    return Recorded(
+        upload_pk=row.id, storm=storm, failed=tuple(sorted(failed)), passed=tuple(sorted(passed)), ids=ids
+    )
 
 
 _TEST_COLUMNS = (
@@ -171,8 +205,9 @@ class _Writer:
     this size, so rows go to the driver as plain tuples, their one timestamp converted once. The
     tests' totals are not touched here: the upload's ``history`` step adds them (`add_totals`)."""
 
-    def __init__(self, connection: Any, now: datetime) -> None:
+    def __init__(self, connection: Any, now: datetime, known: TestIds | None = None) -> None:
         self.connection = connection
+        self.known = known
         dialect = connection.dialect
         process = ResultRow.__table__.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
         self.now: Any = process(now) if process else now
@@ -187,8 +222,11 @@ class _Writer:
         storm: bool,
     ) -> dict[str, int]:
         keys = list(dict.fromkeys(line.key for line in lines))
-        ids = self.existing(keys)
-        missing = [k for k in keys if k not in ids]
+        ids = self.known.found(keys) if self.known is not None else {}
+        unknown = [k for k in keys if k not in ids] if ids else keys
+        if unknown:
+            ids.update(self.existing(unknown))
+        missing = [k for k in unknown if k not in ids]
         if missing:
             self.insert_tests(
                 [

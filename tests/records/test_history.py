@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select
@@ -13,6 +14,7 @@ from sqlalchemy import func, select
 from flaketriage.records import Base, Database
 from flaketriage.records.history import (
     HistoryStats,
+    TestIds,
     add_totals,
     is_storm,
     recent_results,
@@ -231,3 +233,46 @@ def test_text_that_copy_escapes_is_stored_as_it_was_sent(database: Database) -> 
         rows = session.execute(select(TestRow.test_id, ResultRow.branch, ResultRow.signature).join(
             ResultRow, ResultRow.test_pk == TestRow.id)).all()  # fmt: skip
     assert sorted(rows) == [("t::tab\there", branch, "ab" * 8), ("t::é\\", branch, None)]
+
+
+def test_known_test_ids_spare_the_lookup_and_are_learned_only_after_a_commit(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flaketriage.records import history
+
+    known = TestIds(limit=3)
+    with database.session() as session:
+        first = record_upload(session, upload(1, [failed("t::a"), passed("t::b")]), storm_share=0.5,
+                              storm_min_tests=4, known=known)  # fmt: skip
+    assert known.found(first.ids) == {}  # nothing learned by recording alone
+    known.learn(first.ids)
+    lookups: list[list[str]] = []
+    for writer in (history._SQLiteWriter, history._PostgresWriter):
+
+        def looking(self: Any, keys: list[str], _real: Any = writer.existing) -> dict[str, int]:
+            lookups.append(keys)
+            return dict(_real(self, keys))
+
+        monkeypatch.setattr(writer, "existing", looking)
+    with database.session() as session:
+        second = record_upload(session, upload(2, [passed("t::a"), passed("t::b")]), storm_share=0.5,
+                               storm_min_tests=4, known=known)  # fmt: skip
+    assert second.ids == first.ids and lookups == []  # every test known: no lookup at all
+    with database.session() as session:
+        third = record_upload(session, upload(3, [passed("t::a"), failed("t::c")]), storm_share=0.5,
+                              storm_min_tests=4, known=known)  # fmt: skip
+    assert lookups[0] == [_key("t::c")]  # only the new test is looked up
+    assert third.ids[_key("t::a")] == first.ids[_key("t::a")]
+    known.learn(third.ids)
+    known.learn({"x" * 64: 99, "y" * 64: 98})
+    assert len(known.found([*first.ids, *third.ids, "x" * 64, "y" * 64])) == 3  # bounded: oldest gone
+    with database.session() as session:
+        results = session.execute(select(TestRow.test_id, func.count()).join(
+            ResultRow, ResultRow.test_pk == TestRow.id).group_by(TestRow.test_id)).all()  # fmt: skip
+    assert dict(results) == {"t::a": 3, "t::b": 2, "t::c": 1}
+
+
+def _key(test_id: str) -> str:
+    from flaketriage.records.history import test_key
+
+    return test_key("acme/models", test_id, "os=linux,python=3.12")
