@@ -52,5 +52,9 @@ python3 -m venv .venv
 # torch from the pinned CPU build first (any other torch spec downloads gigabytes).
 python -c "import torch" 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0
 pip install -q --disable-pip-version-check -e '.[dev,demo,guards,lightning,huggingface,sentry,server,s3,github,docker]'
-# One worker process per core, at most four (each starts its own services as its tests need them).
-python -m pytest -n auto --maxprocesses 4 "$@"
+# One worker process per core and one more, at most four (each starts its own services as its tests
+# need them): a third of a worker's time is spent waiting on the programs, services and sandboxes its
+# tests run, which another worker's tests fill.
+workers=$(( $(nproc) + 1 ))
+[ "$workers" -gt 4 ] && workers=4
+python -m pytest -n "$workers" "$@"

@@ -253,7 +253,7 @@ def test_a_file_over_the_limit_is_refused_unread(service: LiveService, tmp_path:
     [line] = done.stderr.splitlines()
     assert line == (
         f"error: {big} is 120 MiB, larger than the 64 MiB a results file may be "
-        "(FLAKETRIAGE_MAX_RESULTS_MB); split the suite into shards"
+        "(FLAKETRIAGE_MAX_RESULTS_MB); it was not read: split the suite into shards"
     )
 
 
