@@ -68,7 +68,7 @@ class SessionResults:
         the session's (`flaketriage.ci.quarantine_list.run_variant`, the one its quarantine entries
         are matched with); None: `current_variant` with ``FLAKETRIAGE_GPU`` alone."""
         from flaketriage.results.ci_context import RunContext, detect
-        from flaketriage.results.model import Attempt, ResultsUpload, TestResult, upload_key
+        from flaketriage.results.model import Attempt, TestResult
         from flaketriage.variant import GPU_VARIABLE, current_variant
 
         if not self.tests:
@@ -94,26 +94,8 @@ class SessionResults:
         if variant is None:
             variant = current_variant(env, env.get(GPU_VARIABLE))
         body = repr(sorted((t.test_id, t.outcome, len(t.attempts)) for t in tests)).encode("utf-8", "replace")
-        return ResultsUpload(
-            upload_id=upload_key(
-                repository=context.repository,
-                run_id=context.run_id,
-                job=context.job,
-                attempt=context.attempt,
-                variant=variant,
-                parts=[body, str(os.getpid()).encode()],
-            ),
-            source="pytest",
-            repository=context.repository,
-            branch=context.branch,
-            commit=context.commit,
-            pull_request=context.pull_request,
-            run_id=context.run_id,
-            run_url=context.run_url,
-            job=context.job,
-            attempt=context.attempt,
-            variant=variant,
-            tests=tests,
+        return context.upload(
+            source="pytest", variant=variant, tests=tests, parts=[body, str(os.getpid()).encode()]
         )
 
 

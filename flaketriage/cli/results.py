@@ -48,7 +48,7 @@ def build_upload(
     """One upload of every test in `files` (JUnit XML), keyed by the run, job, attempt, variant and
     the files' bytes: the same files sent twice are one delivery."""
     from flaketriage.results.junit import read_junit_file
-    from flaketriage.results.model import MAX_TESTS, ResultsUpload, TestResult, upload_key
+    from flaketriage.results.model import MAX_TESTS, TestResult
 
     tests: list[TestResult] = []
     parts: list[bytes] = []
@@ -66,27 +66,7 @@ def build_upload(
             "which repository are these results of? pass --repo OWNER/NAME (no CI variables or git "
             "origin said)"
         )
-    return ResultsUpload(
-        upload_id=upload_key(
-            repository=context.repository,
-            run_id=context.run_id,
-            job=context.job,
-            attempt=context.attempt,
-            variant=variant,
-            parts=parts,
-        ),
-        source="junit",
-        repository=context.repository,
-        branch=context.branch,
-        commit=context.commit,
-        pull_request=context.pull_request,
-        run_id=context.run_id,
-        run_url=context.run_url,
-        job=context.job,
-        attempt=context.attempt,
-        variant=variant,
-        tests=tuple(tests),
-    )
+    return context.upload(source="junit", variant=variant, tests=tests, parts=parts)
 
 
 @app.command()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,8 +32,19 @@ RECENT = 50
 
 def test_key(repository: str, test_id: str, variant: str) -> str:
     """The key of a test in one variant of one repository (its id may be longer than an index holds)."""
-    raw = "\x00".join((repository, test_id, variant)).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(raw).hexdigest()[:64]
+    prefix, suffix = _key_ends(repository, variant)
+    return _key(prefix, test_id, suffix)
+
+
+def _key_ends(repository: str, variant: str) -> tuple[bytes, bytes]:
+    """What every key of one repository and variant starts and ends with (an upload computes it once)."""
+    return (repository + "\x00").encode("utf-8", "surrogatepass"), ("\x00" + variant).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def _key(prefix: bytes, test_id: str, suffix: bytes) -> str:
+    return hashlib.sha256(prefix + test_id.encode("utf-8", "surrogatepass") + suffix).hexdigest()
 
 
 test_key.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
@@ -106,12 +118,11 @@ _PASSED, _SKIPPED = Outcome.PASSED.value, Outcome.SKIPPED.value
 
 def _lines(upload: ResultsUpload, variant: str) -> list[_Line]:
     out = []
-    prefix = (upload.repository + "\x00").encode("utf-8")
-    suffix = ("\x00" + variant).encode("utf-8")
+    prefix, suffix = _key_ends(upload.repository, variant)
     for t in upload.tests:
         outcome = t.outcome
         failing = outcome in _FAILING_OUTCOMES
-        key = hashlib.sha256(prefix + t.test_id.encode("utf-8", "surrogatepass") + suffix).hexdigest()
+        key = _key(prefix, t.test_id, suffix)
         if t.attempts:  # a rerun: the model's rules
             retried, failed, lost = t.passed_on_retry, t.failed_attempts, t.lost_s
         else:  # ran once, as nearly every test does
@@ -199,7 +210,7 @@ _RESULT_COLUMNS = ("test_pk", "upload_pk", "\"commit\"", "branch", "outcome", "a
                    "duration_s", "lost_s", "signature", "quarantined", "storm", "received_at")  # fmt: skip
 
 
-class _Writer:
+class _Writer(ABC):
     """Writes an upload's tests (the new ones) and its results with the driver's fastest bulk
     statements. SQLAlchemy's per-row parameter processing costs more than the database itself at
     this size, so rows go to the driver as plain tuples, their one timestamp converted once. The
@@ -259,14 +270,17 @@ class _Writer:
         self.insert_results(results)
         return ids
 
+    @abstractmethod
     def existing(self, keys: list[str]) -> dict[str, int]:
-        raise NotImplementedError
+        """See the subclasses."""
 
+    @abstractmethod
     def insert_tests(self, rows: list[tuple[Any, ...]]) -> None:
-        raise NotImplementedError
+        """See the subclasses."""
 
+    @abstractmethod
     def insert_results(self, rows: list[tuple[Any, ...]]) -> None:
-        raise NotImplementedError
+        """See the subclasses."""
 
 
 class _SQLiteWriter(_Writer):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from flaketriage.errors import GitError
+from flaketriage.errors import ConfigError, GitError
 from flaketriage.process.git import Git
+from flaketriage.results.model import ResultsUpload, TestResult, upload_key
+from flaketriage.variant import Variant
 
 _REPO_IN_URL = re.compile(r"[:/]([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
@@ -33,6 +36,36 @@ class RunContext:
     run_url: str | None = None
     job: str | None = None
     attempt: int = 1
+
+    def upload(
+        self,
+        *,
+        source: Literal["junit", "pytest"],
+        variant: Variant,
+        tests: Sequence[TestResult],
+        parts: Iterable[bytes],
+    ) -> ResultsUpload:
+        """The upload of `tests` from this run (its repository must be known), keyed by the run,
+        job, attempt, variant and `parts` (the bytes the results were read from)."""
+        if not self.repository:
+            raise ConfigError("which repository are these results of? (no CI variables or git origin said)")
+        return ResultsUpload(
+            upload_id=upload_key(
+                repository=self.repository, run_id=self.run_id, job=self.job, attempt=self.attempt,
+                variant=variant, parts=parts,
+            ),
+            source=source,
+            repository=self.repository,
+            branch=self.branch,
+            commit=self.commit,
+            pull_request=self.pull_request,
+            run_id=self.run_id,
+            run_url=self.run_url,
+            job=self.job,
+            attempt=self.attempt,
+            variant=variant,
+            tests=tuple(tests),
+        )  # fmt: skip
 
     def over(self, fallback: RunContext) -> RunContext:
         """This context, its unknown parts taken from `fallback`."""
