@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, NoReturn
 
 import anyio.from_thread
@@ -248,7 +248,34 @@ def create_app(service: Service) -> FastAPI:
     events_secret = (
         settings.webhook_secret.get_secret_value().encode("utf-8") if settings.webhook_secret else b""
     )
-    add_ping_route(app, events_secret, service.policy, settings.body_timeout_s)  # a signed no-op (doctor)
+    add_ping_route(app, events_secret, service.policy, settings.body_timeout_s)
+
+    async def signed_body(
+        request: Request, source: str, read: Callable[[Request], Awaitable[bytes]]
+    ) -> bytes:
+        """The body of a delivery signed as events are (`flaketriage.signing`), read by `read`:
+        what the headers alone condemn is refused unread (nobody unsigned makes it read a
+        megabyte), then the signature over the exact bytes is checked."""
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        signature = request.headers.get(SIGNATURE_HEADER)
+        if not events_secret:
+            detail = f"{source} are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set"
+            refuse(source, 401, detail, "unsigned", close=True)
+        try:
+            check_headers(timestamp, signature, now=time.time())
+        except SignatureError as exc:
+            refuse(source, 401, str(exc), "bad_signature", close=True)
+        raw = await read(request)
+        try:
+            verify(events_secret, timestamp, raw, signature, now=time.time())
+        except SignatureError as exc:
+            refuse(source, 401, str(exc), "bad_signature")
+        return raw
+
+    async def results_body(request: Request) -> bytes:
+        return await read_body(
+            request, limit=results_limit, timeout_s=settings.body_timeout_s * 4, too_large=results_too_large
+        )  # a signed no-op (doctor)
 
     @app.post(
         "/v1/events",
@@ -263,20 +290,7 @@ def create_app(service: Service) -> FastAPI:
         """A ``failure.captured`` event, signed as `flaketriage notify` signs it."""
         # The route reads its body and headers itself: FastAPI's dependency resolution would cost
         # this, the busiest route, a third of its time on the event loop.
-        timestamp = request.headers.get(TIMESTAMP_HEADER)
-        signature = request.headers.get(SIGNATURE_HEADER)
-        if not events_secret:
-            detail = "events are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set"
-            refuse("events", 401, detail, "unsigned", close=True)
-        try:  # what the headers condemn is refused unread: nobody unsigned makes it read a megabyte
-            check_headers(timestamp, signature, now=time.time())
-        except SignatureError as exc:
-            refuse("events", 401, str(exc), "bad_signature", close=True)
-        raw = await body(request)
-        try:
-            verify(events_secret, timestamp, raw, signature, now=time.time())
-        except SignatureError as exc:
-            refuse("events", 401, str(exc), "bad_signature")
+        raw = await signed_body(request, "events", body)
         try:
             event = FailureEvent.model_validate_json(raw)
         except ValidationError:
@@ -312,22 +326,7 @@ def create_app(service: Service) -> FastAPI:
         """Every test's outcome in one CI job (`flaketriage results upload`, the pytest plugin),
         signed as events are. Recorded whole or not at all; a repeated ``upload_id`` is a 200 that
         changes nothing."""
-        timestamp = request.headers.get(TIMESTAMP_HEADER)
-        signature = request.headers.get(SIGNATURE_HEADER)
-        if not events_secret:
-            refuse("results", 401, "results are refused: FLAKETRIAGE_WEBHOOK_SECRET is not set", "unsigned",
-                   close=True)  # fmt: skip
-        try:
-            check_headers(timestamp, signature, now=time.time())
-        except SignatureError as exc:
-            refuse("results", 401, str(exc), "bad_signature", close=True)
-        raw = await read_body(
-            request, limit=results_limit, timeout_s=settings.body_timeout_s * 4, too_large=results_too_large
-        )
-        try:
-            verify(events_secret, timestamp, raw, signature, now=time.time())
-        except SignatureError as exc:
-            refuse("results", 401, str(exc), "bad_signature")
+        raw = await signed_body(request, "results", results_body)
         upload = await anyio.to_thread.run_sync(_results, raw, refuse)
         answer_ = await anyio.to_thread.run_sync(
             accept_results, service.database, service.dispatcher, settings, upload, service.test_ids
