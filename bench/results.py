@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import check
 from paired import interleave
+from quarantine_fetch import wait_ready
 from service_stack import Processes, free_port, postgres_database, redis_server, require_tools, service_env
 
 SECRET = "bench-secret"
@@ -64,19 +65,6 @@ def write_junit(path: Path, tests: int) -> None:
         )
     lines += ["</testsuite>", "</testsuites>"]
     path.write_text("\n".join(lines), encoding="utf-8")
-
-
-def wait_ready(url: str) -> None:
-    import httpx
-
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("flaketriage serve did not start")
 
 
 def cli(env: dict[str, str], *args: str) -> float:
