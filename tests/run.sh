@@ -9,7 +9,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # System tools: git and bubblewrap (capture, sandboxes), podman and runc (the Docker sandbox's tests
 # start podman's Docker API on a socket of their own) with busybox-static (their base image),
 # redis-server (each service test starts its own on a free port), PostgreSQL (the service's records;
-# started below when it is not running).
+# started below when it is not running), Chromium (the dashboard's browser tests, driven by Playwright).
 missing=()
 command -v git >/dev/null || missing+=(git)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
@@ -18,6 +18,7 @@ command -v runc >/dev/null || missing+=(runc)
 command -v busybox >/dev/null || missing+=(busybox-static)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v psql >/dev/null || missing+=(postgresql postgresql-client)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null; then
         as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -559,6 +559,9 @@ def create_app(service: Service) -> FastAPI:
     def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    from flaketriage.orchestrator.dashboard import mount
+
+    mount(app, service)
     return app
 
 
