@@ -5,8 +5,8 @@ failure of the whole run; when it is triaged ``flaky``, the tests it failed are 
 They are read from pytest's short test summary (``FAILED id - ...``, ``ERROR id``) and, when the
 command wrote one (``--junitxml=PATH``), from the JUnit XML report the capture attached as
 `JUNIT_ATTACHMENT`. Ids are node ids as pytest prints them (relative to where it ran); a JUnit
-testcase, which names its test by a dotted ``classname``, is turned back into a node id (its ``file``
-attribute when pytest wrote one, else ``Test*`` trailing parts as classes), made relative to the
+testcase, which names its test by a dotted ``classname``, is turned back into a node id by CI
+history's rule (`flaketriage.results.node_ids`), made relative to the
 same directory when pytest's ``rootdir:`` line says where the report's ids are rooted.
 
 A report is read as data and nothing else: a document type declaration (the only way to declare an
@@ -29,6 +29,7 @@ from flaketriage.errors import CaptureError
 from flaketriage.failure.normalize import strip_ansi
 from flaketriage.failure.tracebacks import parse_pytest_failures
 from flaketriage.quarantine import MAX_TESTS
+from flaketriage.results.node_ids import pytest_node_id
 
 JUNIT_ATTACHMENT = "junit.xml"
 """The name under which a bundle's attachments hold the JUnit XML report its command wrote."""
@@ -213,17 +214,15 @@ class _JUnitReader:
 
 
 def _nodeid(case: dict[str, str]) -> str:
-    """A testcase's node id: ``file::Class::name``. pytest's classname is the node id's path with
-    ``/`` as ``.`` and ``.py`` dropped, then its classes; an xunit1 report also names the ``file``.
-    Without it, the trailing parts named like pytest's test classes (``Test*``) are the classes."""
-    name, parts = case["name"], [p for p in case.get("classname", "").split(".") if p]
-    file = case.get("file", "").replace("\\", "/")
-    module = posixpath.splitext(file)[0].split("/") if file else []
-    if module and parts[: len(module)] == module:
-        split = len(module)
-    else:
-        split = len(parts)
-        while split > 1 and _CLASS.match(parts[split - 1]):
-            split -= 1
-    path = file or ("/".join(parts[:split]) + ".py" if parts else "")
-    return "::".join([path, *parts[split:], name]) if path else name
+    """A testcase's node id, by the rule CI history reads pytest's JUnit XML with
+    (`flaketriage.results.node_ids`). A classname none of whose parts names a test module (a file
+    collected under other ``python_files``) is read as the module path then its ``Test*`` classes."""
+    name, classname, file = case["name"], case.get("classname", ""), case.get("file", "")
+    found = pytest_node_id(classname, name, file)
+    if found is not None:
+        return found
+    parts = [p for p in classname.split(".") if p]
+    split = len(parts)
+    while split > 1 and _CLASS.match(parts[split - 1]):
+        split -= 1
+    return "::".join(["/".join(parts[:split]) + ".py", *parts[split:], name.strip()])

@@ -24,23 +24,8 @@ the property) nor its ``test.todo`` (a todo reads as a pass), gotestsum leaves o
 does not build. The files in ``tests/results/fixtures`` were written by the tools themselves (their
 README says which).
 
-Test ids. pytest's (the root is ``<testsuites name="pytest tests">``, the suite is named
-``pytest``, or the test case names a ``file`` ending in ``.py``) are its node ids, given back from
-the ``classname`` it wrote: the node id's path with ``/`` as ``.`` and ``.py`` dropped, then the
-classes. With a ``file`` attribute (``junit_family=xunit1``) the path is that file and the parts
-after it classes: exact, even for a directory with a dot in its name. Without one (xunit2, the
-default) the module is the last dotted part named ``test_*`` or ``*_test`` (pytest's default
-``python_files``) and the parts after it classes: ``tests.unit.test_io.TestRead`` and
-``test_empty[gz]`` are ``tests/unit/test_io.py::TestRead::test_empty[gz]``; a file collected under
-other names keeps ``classname.name``. A collector that pytest reports as a test case (a module
-that failed to collect or was skipped whole, a directory whose ``conftest.py`` failed) has an empty
-classname and its path, dotted, as the name: its node id is the ``file`` when one is written, else
-the path, a module's (``tests.test_help`` is ``tests/test_help.py``) when its last part names a
-test module and otherwise a directory's (``pkg.tests`` is ``pkg/tests``); a name without a dot
-is kept. Any other runner's id is ``classname.name`` (go:
-``example.com/pkg.TestX/sub``; Surefire: ``com.example.FooTest.bar``), or the name alone when the
-class is empty or is the name (jest-junit writes ``describe test`` as both); names stripped of
-surrounding blanks, ids cut to `MAX_TEST_ID` characters.
+Test ids are pytest's node ids for a pytest file, else ``classname.name``
+(`flaketriage.results.node_ids`).
 
 A failure's message is its ``message`` attribute, else (none, or a placeholder such as go's
 ``Failed``) the first line of its text that is not framing (go test's ``=== RUN``, Jest's
@@ -72,6 +57,7 @@ from flaketriage.results.model import (
     Outcome,
     TestResult,
 )
+from flaketriage.results.node_ids import test_id
 
 MAX_JUNIT_BYTES = 100 * 2**20
 """The largest JUnit XML document read (the CLI's limit, FLAKETRIAGE_MAX_RESULTS_MB, is lower)."""
@@ -207,7 +193,7 @@ class _Record:
         file = file[:_NAME_KEPT].strip() if file else ""
         self.pytest = pytest_root or suite == "pytest" or file.endswith(".py")
         classname, name = get("classname", "")[:_NAME_KEPT].strip(), get("name", "")[:_NAME_KEPT].strip()
-        self.test_id = _test_id(classname, name, file, self.pytest)
+        self.test_id = test_id(classname, name, file, pytest=self.pytest)
         self.seconds = _seconds(get("time"))
         self.outcome = Outcome.PASSED
         self.message: str | None = None
@@ -467,55 +453,6 @@ def _not_well_formed(name: str, data: bytes, exc: Exception) -> str:
         except UnicodeDecodeError as bad:
             hint = f"its bytes are not UTF-8 (at byte {bad.start}) and it declares no other encoding"
     return f"{name} is not well-formed XML: {why}; {hint}"
-
-
-def _test_id(classname: str, name: str, file: str, pytest: bool) -> str:
-    name = name or "(unnamed)"
-    if pytest and not classname:
-        return _pytest_collector(name, file)[:MAX_TEST_ID].rstrip()
-    if pytest:
-        prefix = _pytest_prefix(classname, file)
-        if prefix is not None:
-            return f"{prefix}::{name}"[:MAX_TEST_ID].rstrip()
-    if not classname or classname == name:
-        return name[:MAX_TEST_ID].rstrip()
-    return f"{classname}.{name}"[:MAX_TEST_ID].rstrip()
-
-
-@functools.lru_cache(maxsize=4096)
-def _pytest_prefix(classname: str, file: str) -> str | None:
-    """``tests/unit/test_io.py::TestRead`` for pytest's ``tests.unit.test_io.TestRead`` (the rule is
-    in the module's docstring); None when no part names a test module."""
-    parts = classname.split(".")
-    path = file.replace("\\", "/")
-    if path.endswith(".py"):
-        module = path[: -len(".py")].replace("/", ".").split(".")
-        if parts[: len(module)] == module:
-            return "::".join([path, *parts[len(module) :]])
-    found = _module_index(parts)
-    if found is None:
-        return None
-    return "::".join(["/".join(parts[: found + 1]) + ".py", *parts[found + 1 :]])
-
-
-def _pytest_collector(name: str, file: str) -> str:
-    """``tests/test_help.py`` for the collector pytest wrote as ``name="tests.test_help"`` with no
-    classname (the rule is in the module's docstring)."""
-    path = file.replace("\\", "/")
-    if path and path.removesuffix(".py").replace("/", ".") == name:
-        return path
-    if "." not in name:
-        return name
-    parts = name.split(".")
-    return "/".join(parts) + (".py" if _module_index(parts) == len(parts) - 1 else "")
-
-
-def _module_index(parts: list[str]) -> int | None:
-    """Where the module is in pytest's dotted path: the last part named ``test_*`` or ``*_test``."""
-    return max(
-        (i for i, part in enumerate(parts) if part.startswith("test_") or part.endswith("_test")),
-        default=None,
-    )
 
 
 def _invocations(value: str | None) -> list[Attempt]:

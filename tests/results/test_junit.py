@@ -482,7 +482,10 @@ def test_an_empty_earlier_record_is_a_pass_outside_pytest() -> None:
         # A directory with a dot in its name: only the file attribute says where the module ends.
         ("tests.v1.2.test_io.TestA", "t", "tests/v1.2/test_io.py", "tests/v1.2/test_io.py::TestA::t"),
         ("tests.v1.2.test_io", "test_x[a/b]", "tests/v1.2/test_io.py", "tests/v1.2/test_io.py::test_x[a/b]"),
-        ("", "test_x", "", "test_x"),
+        # Collectors pytest reports as test cases: a top-level module that failed to collect, a
+        # directory whose conftest.py failed.
+        ("", "test_x", "", "test_x.py"),
+        ("", "tests", "", "tests"),
     ],
 )  # fmt: skip
 def test_pytest_node_ids(classname: str, name: str, file: str, expected: str) -> None:

@@ -322,6 +322,43 @@ def test_junit_testcases_become_node_ids() -> None:
     ]
 
 
+def test_junit_ids_of_unittest_classes_and_other_module_names() -> None:
+    # mccabe's test_mccabe.py holds a unittest class RegressionTests: the module is the part named
+    # like a test module, whatever the class after it is called; a module collected under other
+    # python_files names has none, and its Test* parts are the classes.
+    report = b"""<testsuites><testsuite>
+    <testcase classname="test_mccabe.RegressionTests" name="test_max_complexity_is_always_an_int">
+      <failure/></testcase>
+    <testcase classname="tests.check_io.TestRead" name="test_x"><failure/></testcase>
+    <testcase classname="" name="tests.test_broken"><error/></testcase>
+    <testcase classname="" name="test_top"><error/></testcase>
+    </testsuite></testsuites>"""
+    assert junit_failures(report) == [
+        "test_mccabe.py::RegressionTests::test_max_complexity_is_always_an_int",
+        "tests/check_io.py::TestRead::test_x",
+        "tests/test_broken.py",
+        "test_top.py",
+    ]
+
+
+def test_a_captured_runs_junit_ids_are_ci_historys_ids() -> None:
+    # The two readers of pytest's JUnit XML (a captured run's failed tests; CI history) name every
+    # test alike, on reports the real pytest wrote.
+    from flaketriage.results.junit import read_junit
+
+    fixtures = Path(__file__).parents[1] / "results" / "fixtures"
+    for name in ("pytest.xml", "pytest-xunit1.xml", "pytest-reruns.xml"):
+        data = (fixtures / name).read_bytes()
+        failing = {t.test_id for t in read_junit(data) if t.outcome in ("failed", "error")}
+        failing |= {
+            t.test_id
+            for t in read_junit(data)
+            if any(a.outcome in ("failed", "error") for a in t.attempts[:-1])
+        }
+        found = set(junit_failures(data))
+        assert found and found <= failing, (name, found - failing)
+
+
 def test_junit_ids_are_made_relative_to_where_pytest_ran() -> None:
     stdout = "rootdir: /w/repo\nconfigfile: pytest.ini\n"  # pytest 8 prints configfile on its own line
     report = b'<testsuites><testcase classname="sub.tests.test_a" name="t"><failure/></testcase></testsuites>'
