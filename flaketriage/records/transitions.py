@@ -121,11 +121,25 @@ def case_reported(
     session: Session, case: Case, *, evidence: dict[str, Any], report: tuple[str, str] | None
 ) -> None:
     """The case's verdict is reported (`report`: the kind and location of what was filed, None when
-    nothing was); the cases that joined its triage take its status, verdict and report."""
+    nothing was); the cases that joined its triage take its status, verdict and report, and so do
+    the cases CI history opened about its test (``history``, still ``suspected_flaky``): the replays
+    of a captured failure of that test answered their suspicion."""
     case.evidence = evidence
     case.status = CaseStatus.REPORTED.value
     if report is not None:
         case.report_kind, case.report_url = report
+    if case.kind != "history" and case.test_id is not None:
+        session.execute(
+            update(Case)
+            .where(
+                Case.kind == "history",
+                Case.status == CaseStatus.SUSPECTED_FLAKY.value,
+                Case.test_id == case.test_id,
+                Case.repository.is_not_distinct_from(case.repository),
+            )
+            .values(storm_of=case.id)
+            .execution_options(synchronize_session=False)
+        )
     session.execute(
         update(Case)
         .where(Case.storm_of == case.id)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from flaketriage.records import Case, CaseStatus, Database, Work, WorkStatus
 from flaketriage.records.models import utc_now
 from flaketriage.records.transitions import (
@@ -14,10 +16,13 @@ from flaketriage.records.transitions import (
     work_waiting,
 )
 
+_serial = itertools.count()
+
 
 def _case(database: Database, status: CaseStatus, **values: object) -> int:
     with database.session() as session:
-        case = Case(fingerprint=f"fp-{status}-{len(values)}", kind="bundle", status=status.value, **values)
+        values.setdefault("kind", "bundle")
+        case = Case(fingerprint=f"fp-{next(_serial)}", status=status.value, **values)
         session.add(case)
         session.flush()
         return case.id
@@ -53,6 +58,24 @@ def test_a_reported_case_takes_its_storm_followers_with_it(database: Database) -
             "markdown",
             "/x.md",
         )
+
+
+def test_a_reported_case_answers_history_s_suspicion_about_its_test(database: Database) -> None:
+    bundle = _case(database, CaseStatus.TRIAGING, test_id="tests/test_a.py::test_x", repository="o/r")
+    suspected = dict(kind="history", test_id="tests/test_a.py::test_x", repository="o/r")
+    same = _case(database, CaseStatus.SUSPECTED_FLAKY, **suspected)
+    other_repository = _case(database, CaseStatus.SUSPECTED_FLAKY, **{**suspected, "repository": "o/other"})
+    other_test = _case(database, CaseStatus.SUSPECTED_FLAKY, **{**suspected, "test_id": "tests/test_a.py::y"})
+    with database.session() as session:
+        case = session.get_one(Case, bundle)
+        case_decided(case, verdict="flaky", evidence={"verdict": "flaky"})
+        case_reported(session, case, evidence={"verdict": "flaky"}, report=("quarantine", "q.json"))
+    with database.session() as session:
+        answered = session.get_one(Case, same)
+        assert (answered.status, answered.verdict, answered.storm_of) == ("reported", "flaky", bundle)
+        for untouched in (other_repository, other_test):
+            row = session.get_one(Case, untouched)
+            assert (row.status, row.verdict, row.storm_of) == ("suspected_flaky", None, None)
 
 
 def test_work_waits_for_its_replays_then_is_done_and_a_lost_lease_is_queued_again(database: Database) -> None:
