@@ -88,10 +88,11 @@ def seed(database_url: str, results: int) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
         conn.execute(
-            "INSERT INTO result_uploads (upload_id, source, repository, branch, commit, attempt, variant_key,"
-            " tests, failures, passed_on_retry, skipped, duration_s, lost_s, storm, received_at)"
+            "INSERT INTO result_uploads (upload_id, source, repository, branch, commit, attempt,"
+            " variant_key, tests, failures, passed_on_retry, skipped, duration_s, lost_s, storm,"
+            " totals_added, received_at)"
             " SELECT 'seed-' || g, 'junit', 'acme/big', 'main', lpad(to_hex(g), 40, '0'), 1, '', %s, 0, 0, 0,"
-            " 0, 0, false, now() - make_interval(mins => 200 - g) FROM generate_series(1, 100) g",
+            " 0, 0, false, true, now() - make_interval(mins => 200 - g) FROM generate_series(1, 100) g",
             (tests,),
         )
         conn.execute(
