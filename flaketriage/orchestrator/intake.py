@@ -34,6 +34,7 @@ from flaketriage.records import CaseStatus, Database, Delivery
 from flaketriage.records.bulk import insert_query, one_of
 from flaketriage.records.database import Query, deferred, fetch
 from flaketriage.records.models import utc_now
+from flaketriage.records.provenance import branch_of, run_url_of
 from flaketriage.records.text import storable_json, storable_text
 from flaketriage.records.transitions import case_follows, case_queued
 from flaketriage.settings import Settings
@@ -128,6 +129,8 @@ def _merge(occurrence: dict[str, Any], sighting: Sighting) -> None:
     occurrence["store_url"] = occurrence["store_url"] or sighting.store_url
     occurrence["test_id"] = occurrence["test_id"] or sighting.test_id
     occurrence["provenance"] = sighting.provenance | dict(occurrence["provenance"])
+    occurrence["run_url"] = run_url_of(occurrence["provenance"])
+    occurrence["branch"] = branch_of(occurrence["provenance"])
 
 
 def cause_key(kind: str, exception_type: str | None, message: str | None) -> str | None:
@@ -347,6 +350,8 @@ class Intake:
                 "store_url": sighting.store_url,
                 "test_id": sighting.test_id,
                 "provenance": sighting.provenance,
+                "run_url": run_url_of(sighting.provenance),
+                "branch": branch_of(sighting.provenance),
                 "received_at": batch.now,
             }
             batch.add_occurrence(case, seen[case.id])

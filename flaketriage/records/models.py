@@ -28,6 +28,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -102,6 +103,11 @@ def _fingerprint_of_row(context: Any) -> str | None:
 
 class Case(Base):
     __tablename__ = "cases"
+    __table_args__ = (
+        # The dashboard's cases list, newest first or by occurrences (migration 0006).
+        Index("ix_cases_last_seen", "last_seen", "id"),
+        Index("ix_cases_occurrences", "occurrences", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
@@ -146,16 +152,44 @@ class Case(Base):
 
 class Occurrence(Base):
     __tablename__ = "occurrences"
-    __table_args__ = (UniqueConstraint("source", "delivery_id", "case_id", name="uq_occurrence_delivery"),)
+    __table_args__ = (
+        UniqueConstraint("source", "delivery_id", "case_id", name="uq_occurrence_delivery"),
+        # The dashboard (migration 0006): a case's latest occurrences, the failures of each day,
+        # the cases of a CI run and of a branch.
+        # (``case_id, id`` stands for the index on ``case_id`` alone that it replaced.) The two
+        # columns most occurrences leave empty (a bundle captured outside CI names no run, only a
+        # workflow run names its branch) are indexed where they are filled.
+        Index("ix_occurrences_case_latest", "case_id", "id"),
+        Index("ix_occurrences_received", "received_at", "case_id"),
+        Index(
+            "ix_occurrences_run_url",
+            "run_url",
+            "case_id",
+            sqlite_where=text("run_url IS NOT NULL"),
+            postgresql_where=text("run_url IS NOT NULL"),
+        ),
+        Index(
+            "ix_occurrences_branch",
+            "branch",
+            "id",
+            sqlite_where=text("branch IS NOT NULL"),
+            postgresql_where=text("branch IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    case_id: Mapped[int] = mapped_column(ForeignKey("cases.id"), index=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("cases.id"))
     source: Mapped[str] = mapped_column(String(16))
     delivery_id: Mapped[str] = mapped_column(String(128))
     bundle_id: Mapped[str | None] = mapped_column(String(64))
     store_url: Mapped[str | None] = mapped_column(Text)
     test_id: Mapped[str | None] = mapped_column(Text)
     provenance: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    run_url: Mapped[str | None] = mapped_column(String(1000))
+    """The CI run it came from, as its provenance names it (`flaketriage.records.provenance`): what
+    finds it again from the run's results upload (``result_uploads.run_url``)."""
+    branch: Mapped[str | None] = mapped_column(String(255))
+    """The branch its provenance names (a failed workflow run's ``head_branch``), when it does."""
     received_at: Mapped[datetime] = mapped_column(default=utc_now)
 
     case: Mapped[Case] = relationship(back_populates="occurrence_rows")
@@ -214,7 +248,11 @@ class ReplayRow(Base):
     """One replay of a triage, run by whichever worker took it."""
 
     __tablename__ = "replays"
-    __table_args__ = (UniqueConstraint("work_id", "idx", name="uq_replay_index"),)
+    __table_args__ = (
+        UniqueConstraint("work_id", "idx", name="uq_replay_index"),
+        # The dashboard's triage time of the last days, read from the index alone (migration 0006).
+        Index("ix_replays_finished", "finished_at", "cpu_s", "gpu_s"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     work_id: Mapped[int] = mapped_column(ForeignKey("work.id"), index=True)
@@ -288,7 +326,15 @@ class UploadRow(Base):
     ``FLAKETRIAGE_STORM_SHARE`` of its tests failed is a ``storm`` (an outage, not flakiness)."""
 
     __tablename__ = "result_uploads"
-    __table_args__ = (Index("ix_result_uploads_commit", "repository", "commit"),)
+    __table_args__ = (
+        Index("ix_result_uploads_commit", "repository", "commit"),
+        # The dashboard (migration 0006): the latest runs of a branch, the CI time lost each day,
+        # the upload of a case's CI run (a hash index on PostgreSQL: a run URL may be 2,000
+        # characters, more than a B-tree entry holds).
+        Index("ix_result_uploads_branch", "branch", "id"),
+        Index("ix_result_uploads_received", "received_at", "storm", "lost_s"),
+        Index("ix_result_uploads_run_url", "run_url", postgresql_using="hash"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     upload_id: Mapped[str] = mapped_column(String(128), unique=True)
@@ -323,7 +369,12 @@ class TestRow(Base):
 
     __test__ = False  # not a pytest test class
     __tablename__ = "tests"
-    __table_args__ = (Index("ix_tests_repository_seen", "repository", "last_seen"),)
+    __table_args__ = (
+        Index("ix_tests_repository_seen", "repository", "last_seen"),
+        # A case's test in CI history, by its id (migration 0006). A hash index on PostgreSQL: a test
+        # id may be longer than a B-tree entry can be, and it is only ever looked up by equality.
+        Index("ix_tests_test_id", "test_id", postgresql_using="hash"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
