@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 
     from flaketriage.orchestrator.service import Service
 
-PREFIX = "/dashboard"
-"""Where the pages live; ``/`` and ``/ui`` redirect there."""
-
-
 def mount(app: FastAPI, service: Service) -> None:
     """Add the dashboard's pages, actions and static files to `app`."""
     from fastapi.responses import RedirectResponse
@@ -36,7 +32,7 @@ def mount(app: FastAPI, service: Service) -> None:
         runners,
         tests,
     )
-    from flaketriage.orchestrator.dashboard.views import Views
+    from flaketriage.orchestrator.dashboard.views import PREFIX, Views
 
     views = Views(service)
     app.mount(

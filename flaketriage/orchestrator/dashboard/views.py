@@ -10,11 +10,13 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from flaketriage import __version__
-from flaketriage.orchestrator.dashboard import PREFIX
 from flaketriage.orchestrator.dashboard.access import Access
 
 if TYPE_CHECKING:
     from flaketriage.orchestrator.service import Service
+
+PREFIX = "/dashboard"
+"""Where the pages live; ``/`` and ``/ui`` redirect there."""
 
 NAVIGATION = (
     ("overview", "Overview", ""),
