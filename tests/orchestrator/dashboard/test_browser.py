@@ -90,7 +90,7 @@ def test_the_cases_filter_narrows_the_list_in_place(clean: Site) -> None:
     page.select_option("#filter-verdict", "flaky")
     with page.expect_response(lambda r: "/dashboard/cases?" in r.url):
         page.click("#case-filters button[type=submit]")
-    page.wait_for_function("document.querySelectorAll('#cases-table tbody tr').length < %d" % everything)
+    page.wait_for_function(f"document.querySelectorAll('#cases-table tbody tr').length < {everything}")
     verdicts = page.locator("#cases-table tbody tr td:nth-child(4)").all_inner_texts()
     assert verdicts and all(v.strip().lower() == "flaky" for v in verdicts)
     assert "verdict=flaky" in page.url  # the filtered list has an address of its own
