@@ -39,6 +39,8 @@
     │   └── RecordsDataError          a value the database refuses as data (text it cannot encode, JSON
     │                                 it cannot read): the request's fault, not an outage
     ├── BrokerError                   the task broker cannot take work (it stays recorded, re-sent later)
+    ├── EmbeddedServiceError          a process of the embedded service one command runs (the demo's
+    │                                 receiver, worker or beat) would not start, or stopped
     ├── SignatureError                a signed request's signature is missing, wrong, or stale
     ├── RequestRefusedError           the receiver refuses a request as sent (a 4xx answer): the
     │   │                             sender's to fix, never an outage
@@ -313,6 +315,11 @@ class RecordsDataError(RecordsError):
 
 class BrokerError(FlaketriageError):
     """The task broker cannot take work now; the work stays recorded and is sent again later."""
+
+
+class EmbeddedServiceError(FlaketriageError):
+    """A process of the embedded service one command runs (``flaketriage demo``'s receiver, worker
+    or beat) would not start, was not ready in time, or stopped while it was needed."""
 
 
 class GuardError(FlaketriageError):

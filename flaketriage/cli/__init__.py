@@ -53,11 +53,25 @@ def root(
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the demo project (its path is printed).")] = True,
+    serve: Annotated[
+        bool | None,
+        typer.Option(
+            "--serve/--no-serve",
+            help="After the triage, keep serving the dashboard until Ctrl-C (default: when the output "
+            "is a terminal; in CI or a script the demo exits).",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="The service's port (default: a free one).", show_default=False),
+    ] = None,
 ) -> None:
-    """Build a small real project with two failures, capture them, triage them, show the reports."""
+    """Build a small real project with two failures and have the embedded service triage them: cases,
+    verdicts, an issue and a quarantine entry, shown on the dashboard."""
     from flaketriage.cli.demo import run_demo
 
-    run_demo(keep=keep)
+    run_demo(keep=keep, serve=serve, port=port)
 
 
 def main() -> None:
