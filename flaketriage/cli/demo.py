@@ -87,8 +87,11 @@ def _run(root: Path, *, serving: bool, port: int | None) -> None:
             _serve(service)
         else:
             out.print(
-                f"\nthe service stops now (no terminal, or --no-serve). To see the dashboard again: "
-                f"flaketriage serve --store {store}, then http://127.0.0.1:8080/dashboard"
+                plain(
+                    "\nthe service stops now (no terminal, or --no-serve). To see the dashboard again: "
+                    f"flaketriage serve --store {store}, then http://127.0.0.1:8080/dashboard",
+                    multiline=True,
+                )
             )
     if serving:
         err.print("the service stopped")

@@ -100,8 +100,12 @@ class EmbeddedService:
         self.children = [
             Child(name, [*base, *args], self.logs / f"{name}.log") for name, args in commands.items()
         ]
-        for child in self.children:
-            self._spawn(child)
+        try:
+            for child in self.children:
+                self._spawn(child)
+        except BaseException:  # an interrupt, or a child that cannot start: end those started
+            self.stop()
+            raise
 
     def _spawn(self, child: Child) -> None:
         hold = interrupts.Hold()  # an interrupt now would leave a child with no pid to end
@@ -122,9 +126,9 @@ class EmbeddedService:
         finally:
             hold.release()
 
-    def wait_ready(self, timeout_s: float = 90.0, *, tick: Callable[[], None] | None = None) -> None:
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Wait until the receiver answers ``/readyz`` (its database and broker are up), watching
-        every child; `tick` is called on each try (the caller's own checks)."""
+        every child."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -142,8 +146,6 @@ class EmbeddedService:
                 receiver.argv[receiver.argv.index("--port") + 1] = str(self.port)
                 self._spawn(receiver)
             self.check()
-            if tick is not None:
-                tick()
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return
