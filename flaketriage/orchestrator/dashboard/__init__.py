@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from flaketriage.orchestrator.service import Service
 
+
 def mount(app: FastAPI, service: Service) -> None:
     """Add the dashboard's pages, actions and static files to `app`."""
     from fastapi.responses import RedirectResponse
