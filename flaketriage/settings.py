@@ -486,6 +486,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Test results older than this are rolled up into daily totals per test.",
     )
+    failure_days_every_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How often beat rolls up the failures of the last 30 complete days by verdict for "
+        "the dashboard's overview chart (a case decided since shows its earlier days under its new "
+        "verdict from the next roll-up; today is always counted live).",
+    )
     checks_dir: Path | None = Field(
         default=None,
         description="Where pull request check runs are written as Markdown files when GitHub is not "

@@ -462,3 +462,16 @@ class CheckRunRow(Base):
     url: Mapped[str | None] = mapped_column(Text)
     conclusion: Mapped[str | None] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class FailureDayRow(Base):
+    """The failures (occurrences) of one complete UTC day by the verdict their case had when the day
+    was last rolled up (`flaketriage.records.failure_days`): what the overview's chart reads."""
+
+    __tablename__ = "failure_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    verdict: Mapped[str] = mapped_column(String(32), primary_key=True)
+    """The case's verdict; ``""`` for a case without one yet."""
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    rolled_at: Mapped[datetime] = mapped_column(default=utc_now)

@@ -52,6 +52,8 @@ SCHEDULE_TELEMETRY_TASK = "flaketriage.schedule_telemetry"
 GC_TASK = "flaketriage.gc"
 ROLL_UP_TASK = "flaketriage.roll_up"
 """Fold old CI results into daily totals per test."""
+ROLL_UP_FAILURES_TASK = "flaketriage.roll_up_failures"
+"""Count the failures of the last complete days by verdict again, for the dashboard's overview."""
 SEND_TASKS_TASK = "flaketriage.send_tasks"
 """Send on the step tasks a `TaskBatch` carries: how the receiver hands the work of one transaction to
 the broker in one message (a worker does the per-task publishing, off the receiver's hot path)."""

@@ -26,6 +26,7 @@ from flaketriage.work.dispatch import CelerySender, Dispatcher, Outgoing
 from flaketriage.work.messages import (
     BROKER_CHECK_TASK,
     GC_TASK,
+    ROLL_UP_FAILURES_TASK,
     ROLL_UP_TASK,
     SCHEDULE_RERUNS_TASK,
     SCHEDULE_TELEMETRY_TASK,
@@ -101,6 +102,7 @@ def create_celery(settings: Settings) -> Celery:
         SCHEDULE_TELEMETRY_TASK: {"queue": Queue.REPORT.value},
         GC_TASK: {"queue": Queue.REPORT.value},
         ROLL_UP_TASK: {"queue": Queue.REPORT.value},
+        ROLL_UP_FAILURES_TASK: {"queue": Queue.REPORT.value},
         SEND_TASKS_TASK: {"queue": Queue.REPORT.value},
     }
     holder = _PerProcess(settings, app)
@@ -158,6 +160,9 @@ def create_celery(settings: Settings) -> Celery:
     def roll_up() -> int:
         return Upkeep(holder.env()).roll_up_results()
 
+    def roll_up_failures() -> int:
+        return Upkeep(holder.env()).roll_up_failures()
+
     sender = CelerySender(app)
 
     def send_tasks(batch: dict[str, Any]) -> int:
@@ -174,6 +179,7 @@ def create_celery(settings: Settings) -> Celery:
         (SCHEDULE_TELEMETRY_TASK, schedule_telemetry),
         (GC_TASK, gc),
         (ROLL_UP_TASK, roll_up),
+        (ROLL_UP_FAILURES_TASK, roll_up_failures),
         (SEND_TASKS_TASK, send_tasks),
     ):
         app.task(name=name, **retry)(fn)
@@ -199,6 +205,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         },
         "store-gc": {"task": GC_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
         "results-roll-up": {"task": ROLL_UP_TASK, "schedule": timedelta(seconds=settings.gc_every_s)},
+        "failures-roll-up": {
+            "task": ROLL_UP_FAILURES_TASK,
+            "schedule": timedelta(seconds=settings.failure_days_every_s),
+        },
     }
     if settings.resolved_broker_url().startswith(("redis://", "rediss://")) and (
         sweep_every_s > BROKER_CHECK_EVERY_S

@@ -18,7 +18,9 @@ from flaketriage.bundle.io import load_manifest
 from flaketriage.errors import FlaketriageError
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, CaseStatus, Occurrence, QuarantineRow, Work
+from flaketriage.records.failure_days import roll_up_failures
 from flaketriage.records.history import roll_up
+from flaketriage.records.models import utc_now
 from flaketriage.store import open_store
 from flaketriage.store.gc import collect
 from flaketriage.store.retention import retained_bundles
@@ -139,6 +141,12 @@ class Upkeep:
             total += done
             if done == 0:
                 return total
+
+    def roll_up_failures(self) -> int:
+        """Count the failures of the last complete days by verdict again, for the dashboard's
+        overview (`flaketriage.records.failure_days`); the rows written."""
+        with self.db.session() as session:
+            return roll_up_failures(session, now=utc_now())
 
     def _queue_of(self, store_url: str, bundle_id: str) -> Queue | str:
         """Where a bundle's telemetry runs: on a GPU runner when it was captured on one (its GPU

@@ -3,6 +3,7 @@ by the sequential test, storms), and the check run it asks for; on SQLite and Po
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -210,17 +211,37 @@ def test_a_pull_request_upload_asks_for_its_check_run_once_per_commit(history: H
     assert history.upload([failed("t::a")], pull_request=7, commit="feed123").check is False  # abbreviated
 
 
-def test_the_beat_rolls_old_results_up_on_the_report_queue() -> None:
-    from flaketriage.work.messages import ROLL_UP_TASK
+def test_the_beat_rolls_old_results_and_the_overviews_failures_up_on_the_report_queue(tmp_path: Any) -> None:
+    from flaketriage.records.models import FailureDayRow
+    from flaketriage.work.messages import ROLL_UP_FAILURES_TASK, ROLL_UP_TASK
     from flaketriage.workers.celery_app import beat_schedule, create_celery
 
-    settings = load_settings(broker_url="memory://", gc_every_s=3600)
+    database_url = f"sqlite:///{tmp_path / 'r.db'}"
+    settings = load_settings(
+        broker_url="memory://", gc_every_s=3600, failure_days_every_s=120, database_url=database_url
+    )
     schedule = beat_schedule(settings)
     assert schedule["results-roll-up"]["task"] == ROLL_UP_TASK
     assert schedule["results-roll-up"]["schedule"].total_seconds() == 3600
+    assert schedule["failures-roll-up"]["task"] == ROLL_UP_FAILURES_TASK
+    assert schedule["failures-roll-up"]["schedule"].total_seconds() == 120
     app = create_celery(settings)
-    assert ROLL_UP_TASK in app.tasks and app.conf.task_routes[ROLL_UP_TASK] == {"queue": "report"}
+    for task in (ROLL_UP_TASK, ROLL_UP_FAILURES_TASK):
+        assert task in app.tasks and app.conf.task_routes[task] == {"queue": "report"}
     assert {"flaketriage.history", "flaketriage.check"} <= set(app.tasks)
+    database = Database(database_url)
+    database.upgrade()
+    with database.session() as session:
+        case = Case(fingerprint="f", kind="bundle", verdict="flaky", status="reported")
+        session.add(case)
+        session.flush()
+        two_days_ago = utc_now() - timedelta(days=2)
+        session.add(Occurrence(case_id=case.id, source="events", delivery_id="d", received_at=two_days_ago))
+    assert app.tasks[ROLL_UP_FAILURES_TASK].apply().get() == 1  # the task itself, run here
+    with database.session() as session:
+        [row] = session.scalars(select(FailureDayRow)).all()
+        assert (row.day, row.verdict, row.failures) == (two_days_ago.date(), "flaky", 1)
+    database.dispose()
 
 
 def test_a_commits_check_run_says_what_is_known_of_each_failure(history: History, tmp_path: Any) -> None:

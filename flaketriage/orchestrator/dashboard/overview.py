@@ -1,29 +1,30 @@
 """The overview, the page a team opens every morning: the failures of the last 30 days by verdict,
 the flakiest tests, the CI time they cost, what their triage cost, and the cases waiting.
 
-Every figure is one aggregate over an indexed range (migration 0006): the occurrences of the last
-days (``occurrences (received_at, case_id)``), the results uploads of the last days (the CI time
-lost: an upload's ``lost_s`` is the sum of its results', and uploads are kept when their results are
-rolled up), the replays finished in them, and the cases by status. Its cost grows with the last
-30 days' occurrences, never with all of them.
+Every figure is one aggregate over an indexed range (migration 0006): the failures per day from
+their daily roll-up and today's occurrences (`flaketriage.records.failure_days`), the results
+uploads of the last days (the CI time lost: an upload's ``lost_s`` is the sum of its results', and
+uploads are kept when their results are rolled up), the replays finished in them, and the cases by
+status.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.api_models import CaseVerdict
 from flaketriage.orchestrator.dashboard.cases import tests_of, verdict_label
 from flaketriage.orchestrator.dashboard.charts import Series, stacked_bars
-from flaketriage.records import Case, CaseStatus, Occurrence, ReplayRow
+from flaketriage.records import Case, CaseStatus, ReplayRow
+from flaketriage.records.failure_days import failures_by_day as daily_failures
 from flaketriage.records.models import UploadRow, utc_now
 
 if TYPE_CHECKING:
@@ -45,14 +46,6 @@ VERDICTS: tuple[str | None, ...] = (
     None,
 )
 """The order the verdicts are stacked and listed in; None: no verdict yet."""
-
-
-def day_of(column: Any, dialect: str) -> ColumnElement[Any]:
-    """The UTC day of a time column: PostgreSQL's ``date`` would take the session's time zone, and
-    SQLite keeps times as UTC text already."""
-    if dialect == "postgresql":
-        return func.date(func.timezone("UTC", column))
-    return func.date(column)
 
 
 @dataclass(frozen=True)
@@ -105,25 +98,15 @@ def first_day(today: date, days: int = DAYS) -> datetime:
 
 
 def failures_by_day(session: Session, today: date, days: int = DAYS) -> FailuresByDay:
-    since = first_day(today, days)
-    dialect = session.get_bind().dialect.name
-    day = day_of(Occurrence.received_at, dialect)
-    rows = session.execute(
-        select(day, Case.verdict, func.count())
-        .select_from(Occurrence)
-        .join(Case, Case.id == Occurrence.case_id)
-        .where(Occurrence.received_at >= since)
-        .group_by(day, Case.verdict)
-    ).all()
+    """The chart's numbers: complete days from their roll-up, the rest counted live
+    (`flaketriage.records.failure_days`)."""
+    counted = daily_failures(session, today, days)
     span = [today - timedelta(days=days - 1 - i) for i in range(days)]
-    index = {d.isoformat(): i for i, d in enumerate(span)}
     counts: dict[str | None, list[int]] = {}
-    for when, verdict, count in rows:
-        i = index.get(str(when))
-        if i is None:
-            continue  # a clock ahead of ours: tomorrow is not drawn
-        key = verdict if verdict in VERDICTS else None
-        counts.setdefault(key, [0] * days)[i] += int(count)
+    for i, day in enumerate(span):
+        for verdict, count in counted.get(day, {}).items():
+            key = verdict if verdict in VERDICTS else None
+            counts.setdefault(key, [0] * days)[i] += count
     ordered = {v: counts[v] for v in VERDICTS if v in counts}
     return FailuresByDay(span, ordered)
 
