@@ -11,14 +11,21 @@ hold the failure's fingerprint. Both fields came in version 1 and are left out o
 while empty, so a list without them reads and writes the same bytes; a flaketriage older than them
 refuses a list that sets them (an unknown field), and runs without a quarantine list until it is
 upgraded.
+
+An entry made by hand (`hand_entry`: the dashboard's "quarantine by hand") names a test, the
+person or team that answers for it (`owner`) and when it ends (`expires_at`); from then on it
+forgives nothing (`QuarantineEntry.refusal` says it expired), wherever the document is read, so a
+cached copy cannot keep a test quarantined past its expiry. Both fields are left out while None,
+as the variant and signatures are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
@@ -53,6 +60,11 @@ MAX_SIGNATURES = 50
 """The most failure fingerprints one entry forgives (`QuarantineEntry.signatures`)."""
 
 Signature = Annotated[str, StringConstraints(pattern=FINGERPRINT_PATTERN)]
+
+BY_HAND = "by_hand"
+"""The evidence verdict of an entry a person made (`hand_entry`): no triage stands behind it."""
+MAX_OWNER = 100
+"""The longest owner an entry names (a person's or a team's name)."""
 
 
 class _Model(BaseModel):
@@ -120,8 +132,23 @@ class QuarantineEntry(_Model):
     )
     """The failures it forgives, by fingerprint: a failure of its tests with any other fingerprint
     is reported as usual. Empty: any failure of its tests. Left out of the document when empty."""
+    owner: str | None = Field(default=None, max_length=MAX_OWNER, exclude_if=lambda value: value is None)
+    """Who answers for the entry, for one made by hand (`hand_entry`); None for a verdict's. Left out
+    of the document when None."""
+    expires_at: AwareDatetime | None = Field(default=None, exclude_if=lambda value: value is None)
+    """When the entry stops forgiving failures (one made by hand); None: until it is lifted. Left
+    out of the document when None."""
     quarantined_at: AwareDatetime
     updated_at: AwareDatetime
+
+    @property
+    def by_hand(self) -> bool:
+        """Whether a person made the entry (no triage's evidence, no bundle to rerun)."""
+        return self.evidence.verdict == BY_HAND
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """Whether the entry's expiry has passed at `now` (default: the present)."""
+        return self.expires_at is not None and (now or datetime.now(UTC)) >= self.expires_at
 
     @field_validator("variant", mode="before")
     @classmethod
@@ -147,11 +174,17 @@ class QuarantineEntry(_Model):
             or any(t in test_ids for t in self.tests)
         )
 
-    def refusal(self, fingerprint: str | None, variant: Mapping[str, str] | None) -> str | None:
+    def refusal(
+        self, fingerprint: str | None, variant: Mapping[str, str] | None, now: datetime | None = None
+    ) -> str | None:
         """Why this entry does not forgive a failure it names, in words for the session summary, or
-        None when it does. An unknown `variant` (None) is covered by an empty pattern only, an
-        unknown `fingerprint` by an entry without signatures only: a quarantine never hides a
-        failure it cannot tell is the one it was meant for."""
+        None when it does. An expired entry forgives nothing (at `now`, default the present). An
+        unknown `variant` (None) is covered by an empty pattern only, an unknown `fingerprint` by an
+        entry without signatures only: a quarantine never hides a failure it cannot tell is the
+        one it was meant for."""
+        if self.expires_at is not None and self.expired(now):
+            owner = f" (owner {self.owner})" if self.owner else ""
+            return f"its quarantine{owner} expired at {self.expires_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
         if self.variant and (variant is None or not variant_covers(self.variant, variant)):
             run = (
                 "this run's variant is unknown"
@@ -192,13 +225,15 @@ class QuarantineDocument(_Model):
         fingerprint: str | None = None,
         *,
         variant: Mapping[str, str] | None = None,
+        now: datetime | None = None,
     ) -> QuarantineEntry | None:
-        """The entry that forgives this failure, or None: the first of `naming` whose variant
-        pattern covers `variant` (the run's) and whose signatures, if it has any, hold
-        `fingerprint`. A caller that does not know the run's variant passes None, and only entries
-        for every variant forgive (`QuarantineEntry.refusal`)."""
+        """The entry that forgives this failure, or None: the first of `naming` that has not
+        expired at `now` (default: the present), whose variant pattern covers `variant` (the
+        run's) and whose signatures, if it has any, hold `fingerprint`. A caller that does not know
+        the run's variant passes None, and only entries for every variant forgive
+        (`QuarantineEntry.refusal`)."""
         named = self.naming(test_ids, fingerprint)
-        return next((e for e in named if e.refusal(fingerprint, variant) is None), None)
+        return next((e for e in named if e.refusal(fingerprint, variant, now) is None), None)
 
     def with_entry(self, entry: QuarantineEntry) -> QuarantineDocument:
         """This document with `entry` added or replacing the one of its fingerprint."""
@@ -325,6 +360,48 @@ def refreshed_entry(
         ),
         variant=dict(variant or {}),
         signatures=tuple(dict.fromkeys(signatures))[-MAX_SIGNATURES:],
+        owner=old.owner if old is not None else None,
+        expires_at=old.expires_at if old is not None else None,
+        quarantined_at=old.quarantined_at if old is not None else now,
+        updated_at=now,
+    )
+
+
+def hand_fingerprint(test_id: str, variant: Mapping[str, str]) -> str:
+    """The key of a test's entry made by hand for runs of `variant` (a pattern): one per test and
+    pattern, so quarantining it by hand again updates the entry, and never an automatic entry's
+    key (those are failures' fingerprints, which this prefix cannot hash to by chance)."""
+    text = f"by-hand\0{test_id}\0{variant_key(variant)}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def hand_entry(
+    old: QuarantineEntry | None,
+    *,
+    test_id: str,
+    variant: Mapping[str, str],
+    owner: str,
+    expires_at: datetime,
+    by: str,
+    now: datetime,
+) -> QuarantineEntry:
+    """A test quarantined by hand by `by` (who asked) for runs of `variant`, answered for by
+    `owner`, until `expires_at`; `old` (the same test and pattern quarantined by hand before) keeps
+    its first date and counts one more time. It has no evidence (`BY_HAND`), no bundle and no
+    command: no rerun lifts it, its expiry or a person does."""
+    return QuarantineEntry(
+        fingerprint=hand_fingerprint(test_id, variant),
+        test_id=test_id,
+        reason=f"by hand by {by}",
+        evidence=QuarantineEvidence(
+            verdict=BY_HAND, replays=0, reproductions=0, rate=FailureRate(estimate=0, low=0, high=1)
+        ),
+        command="",
+        bundle_id="",
+        occurrences=(old.occurrences if old is not None else 0) + 1,
+        variant=dict(variant),
+        owner=owner,
+        expires_at=expires_at,
         quarantined_at=old.quarantined_at if old is not None else now,
         updated_at=now,
     )

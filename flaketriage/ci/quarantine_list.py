@@ -10,7 +10,8 @@ use, and then only if the service confirmed it within ``quarantine_cache_ttl_s``
 never fails a CI run, it only adds a note.
 
 An entry limited to a variant is matched against the run's (`run_variant`), read once per session
-and only when a failing test's entry is limited to one.
+and only when a failing test's entry is limited to one. An entry past its expiry (one made by hand)
+forgives nothing, and the session summary says it expired (`QuarantineEntry.refusal`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 
 from flaketriage import __version__
@@ -112,8 +114,13 @@ def _machine_gpu_names() -> list[str]:
 
 
 def describe(entry: QuarantineEntry) -> str:
-    """What the session summary says about a quarantined test: the reason, and the link if any."""
+    """What the session summary says about a quarantined test: the reason, and the link if any; for
+    an entry made by hand, its owner and when it ends."""
     reason = entry.reason or "quarantined"
+    if entry.owner:
+        reason += f", owner {entry.owner}"
+    if entry.expires_at is not None:
+        reason += f", until {entry.expires_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
     return f"{reason} ({entry.issue_url})" if entry.issue_url else reason
 
 

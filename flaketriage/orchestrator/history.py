@@ -92,6 +92,8 @@ class _Quarantined:
         by_test: dict[str, list[QuarantineEntry]] = {}
         for row in session.scalars(select(QuarantineRow)):
             entry = QuarantineEntry.model_validate(row.entry)
+            if entry.expired():
+                continue  # CI no longer forgives its test's failures
             for test in {entry.test_id, *entry.tests} - {None}:
                 by_test.setdefault(str(test), []).append(entry)
         return cls(by_test)

@@ -1,10 +1,11 @@
 """Where cases and work rows go: every change of a case's or a work row's status, by name.
 
 A case goes ``open | queued → triaging → decided → reported`` (or ``failed``, or ``fixed`` when an
-isolation rerun lifts its quarantine); a storm follower takes its leader's status and verdict. A
-work row goes ``queued → running → done`` (or ``failed``), a triage through ``waiting`` while its
-replays are out. The orchestrator (a case is queued, or follows a storm leader) and the workers
-(every step after) change them here and nowhere else.
+isolation rerun, or a person, lifts its quarantine); a storm follower takes its leader's status
+and verdict. A work row goes ``queued → running → done`` (or ``failed``), a triage through
+``waiting`` while its replays are out. The orchestrator (a case is queued, or follows a storm
+leader; the dashboard's re-triage and lift) and the workers (every step after) change them here
+and nowhere else.
 
 Each function is one write and asks nothing of the database: the ``session`` ones are one UPDATE
 statement (a conditional one where the status it starts from matters), the others change a row the
@@ -157,6 +158,12 @@ def case_fixed(case: Case, *, verdict: str) -> None:
     """Isolated reruns, or CI runs on its branch, no longer reproduce the case's failure: it is
     fixed (recorded with `verdict`), and its quarantine is lifted."""
     case.status, case.verdict = CaseStatus.FIXED.value, verdict
+
+
+def case_lifted(case: Case) -> None:
+    """A person lifted the case's quarantine (the dashboard): it is fixed, as an isolation rerun
+    would have found it, and keeps its verdict (no replay said otherwise)."""
+    case.status = CaseStatus.FIXED.value
 
 
 def case_failed(case: Case, *, error: str) -> None:

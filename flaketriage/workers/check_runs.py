@@ -76,9 +76,12 @@ def gather(
 
 
 def _quarantine(session: Session) -> dict[str, list[QuarantineEntry]]:
+    """The entries in force by test (an expired one no longer quarantines its test in CI)."""
     by_test: dict[str, list[QuarantineEntry]] = {}
     for q in session.scalars(select(QuarantineRow)):
         entry = QuarantineEntry.model_validate(q.entry)
+        if entry.expired():
+            continue
         for test in {entry.test_id, *entry.tests} - {None}:
             by_test.setdefault(str(test), []).append(entry)
     return by_test
@@ -122,7 +125,7 @@ def _failure(
     }
     if covering:
         e = covering[0]
-        held = (e.evidence.rate.estimate, e.evidence.rate.low, e.evidence.rate.high)
+        held = None if e.by_hand else (e.evidence.rate.estimate, e.evidence.rate.low, e.evidence.rate.high)
         return CheckFailure(state="quarantined", rate=held, issue_url=e.issue_url, **common)
     if case is None:
         return CheckFailure(state="new", rate=None, issue_url=None, **common)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
@@ -34,9 +33,10 @@ from flaketriage.records.history import (
     same_commit_results,
 )
 from flaketriage.records.models import CheckRunRow, ResultRow, TestRow, UploadRow, utc_now
-from flaketriage.records.transitions import case_fixed, case_suspected
+from flaketriage.records.transitions import case_fixed
 from flaketriage.results.model import Outcome as ResultOutcome
 from flaketriage.settings import Settings
+from flaketriage.work.case_requests import latest_bundle, refresh_checks, retriage
 from flaketriage.work.dispatch import Dispatcher, Outgoing
 from flaketriage.work.messages import Queue, Step
 from flaketriage.workers.verdict import Outcome, SequentialTest, Verdict, VerdictPolicy
@@ -247,24 +247,17 @@ class HistoryReader:
         """Send a case with a bundle back to triage, when its verdict is one history contradicts."""
         if case.status not in _SUSPECT_FROM or case.verdict in ("flaky", "order_dependent"):
             return False
-        bundle = self.session.scalars(
-            select(Occurrence)
-            .where(Occurrence.case_id == case.id, Occurrence.bundle_id.is_not(None))
-            .order_by(Occurrence.id.desc())
-        ).first()
+        bundle = latest_bundle(self.session, case.id)
         if bundle is None:
             return False
-        case.generation += 1
-        case_suspected(case, retriage_at=utc_now())
-        _, sent = self.dispatcher.request(
+        sent = retriage(
             self.session,
-            key=f"triage:{case.id}:history-{upload.id}",
-            step=Step.TRIAGE,
-            queue=Queue.CPU,
-            case_id=case.id,
-            bundle_id=bundle.bundle_id,
-            store_url=bundle.store_url,
+            self.dispatcher,
+            case,
+            bundle,
+            why=f"history-{upload.id}",
             options={"minimize": False, "reason": "history"},
+            suspected=True,
         )
         self.outgoing.append(sent)
         return True
@@ -348,50 +341,6 @@ class HistoryReader:
             options={"check_run": row.id},
         )
         self.outgoing.append(sent)
-
-
-REFRESH_DAYS = 14
-"""A verdict updates the check runs of commits its test failed on in the last two weeks."""
-
-
-def refresh_checks(
-    session: Session, dispatcher: Dispatcher, case: Case, *, why: str
-) -> list[Outgoing | None]:
-    """Ask for the check runs a new verdict about `case` changes to be published again."""
-    outgoing: list[Outgoing | None] = []
-    for row in checks_to_refresh(session, case, since=utc_now() - timedelta(days=REFRESH_DAYS)):
-        _, sent = dispatcher.request(
-            session,
-            key=f"check:{row.id}:case-{case.id}-{why}",
-            step=Step.CHECK,
-            queue=Queue.REPORT,
-            options={"check_run": row.id},
-        )
-        outgoing.append(sent)
-    return outgoing
-
-
-def checks_to_refresh(session: Session, case: Case, *, since: datetime) -> list[CheckRunRow]:
-    """The check runs of commits on which the case's test failed since `since`: what a new verdict
-    about it changes."""
-    if not case.test_id or not case.repository:
-        return []
-    commits = (
-        select(ResultRow.commit)
-        .join(TestRow, TestRow.id == ResultRow.test_pk)
-        .where(
-            TestRow.repository == case.repository,
-            TestRow.test_id == case.test_id,
-            ResultRow.received_at >= since,
-        )
-    )
-    return list(
-        session.scalars(
-            select(CheckRunRow).where(
-                CheckRunRow.repository == case.repository, CheckRunRow.head_sha.in_(commits)
-            )
-        )
-    )
 
 
 def _variant_note(variant: str) -> str:

@@ -40,13 +40,14 @@ from flaketriage.records.transitions import (
     work_row_done,
     work_waiting,
 )
+from flaketriage.work.case_requests import refresh_checks
 from flaketriage.work.dispatch import Outgoing
 from flaketriage.work.messages import Queue, Step, WorkOrder, task_name
 from flaketriage.workers.check_runs import publish as publish_check
 from flaketriage.workers.cost import CostMeter, TriageCost
 from flaketriage.workers.evidence import cost_of, findings_of, hang_of
 from flaketriage.workers.gpus import gpu_difference
-from flaketriage.workers.history import HistoryReader, refresh_checks
+from flaketriage.workers.history import HistoryReader
 from flaketriage.workers.leases import Heartbeat, claim, release
 from flaketriage.workers.minimize.minimizer import BundleMinimizer, MinimizeResult
 from flaketriage.workers.polluters import OrderTarget

@@ -36,12 +36,15 @@ class Upkeep:
         self.db = env.database
 
     def schedule_reruns(self) -> int:
-        """One isolation rerun per quarantined failure per `rerun_every_s` period."""
+        """One isolation rerun per quarantined failure per `rerun_every_s` period (an entry made by
+        hand has no bundle to rerun)."""
         period = int(time.time() // self.env.settings.rerun_every_s)
         outgoing: list[Outgoing | None] = []
         with self.db.session() as session:
             for row in session.scalars(select(QuarantineRow)).all():
                 entry = QuarantineEntry.model_validate(row.entry)
+                if entry.by_hand:
+                    continue  # no bundle to rerun: a person lifts it, or its expiry ends it
                 options: dict[str, object] = {"fingerprint": row.fingerprint}
                 if entry.evidence.verdict == Verdict.ORDER_DEPENDENT:
                     order = self._order_of(session, row.case_id)

@@ -140,3 +140,30 @@ def test_a_signature_limited_entry_forgives_its_failure_and_reports_another(
             "*1 failed, 1 passed*",
         ]
     )
+
+
+def test_an_entry_made_by_hand_is_enforced_until_it_expires(
+    pytester: pytest.Pytester, store_dir: Path
+) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    by_hand = {"reason": "by hand by alice (token)", "owner": "ml-infra", "bundle_id": "", "bundles": []}
+    quarantine(store_dir, "cd" * 16, **by_hand, expires_at="2999-01-01T00:00:00Z")
+    held = run(pytester, store_dir)
+    assert held.ret == 0, held.stdout.str()
+    held.stdout.fnmatch_lines(
+        [
+            f"*QUARANTINED {TEST} - by hand by alice (token), owner ml-infra, until 2999-01-01 00:00 UTC*",
+            "*1 passed, 1 quarantined*",
+        ]
+    )
+    quarantine(store_dir, "cd" * 16, **by_hand, expires_at="2024-06-01T09:30:00Z")
+    expired = run(pytester, store_dir)
+    assert expired.ret == 1
+    expired.stdout.fnmatch_lines(
+        [
+            f"FAILED {TEST} - AssertionError: flaky again*",
+            f"flaketriage: NOT QUARANTINED {TEST} - its quarantine (owner ml-infra) expired at "
+            "2024-06-01 09:30 UTC",
+            "*1 failed, 1 passed*",
+        ]
+    )

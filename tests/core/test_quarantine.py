@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ from flaketriage.quarantine import (
     QuarantineDocument,
     QuarantineEntry,
     QuarantineEvidence,
+    hand_entry,
+    hand_fingerprint,
     refreshed_entry,
 )
 from flaketriage.settings import Settings
@@ -333,3 +335,67 @@ def test_the_file_limits_its_entries_to_the_scope(tmp_path: Path) -> None:
     )
     assert qlist.refused({"tests/test_a.py::test_x"}, FP, variant=A100) is None
     assert Quarantine(path).is_quarantined("tests/test_a.py::test_x")  # on some variant
+
+
+# -- entries made by hand (the dashboard) ---------------------------------------------------------
+def test_a_hand_entry_names_its_test_owner_expiry_and_who_made_it() -> None:
+    made = hand_entry(
+        None,
+        test_id="tests/test_a.py::test_x",
+        variant={"gpu": "NVIDIA H100"},
+        owner="ml-infra",
+        expires_at=WHEN + timedelta(days=7),
+        by="alice (github)",
+        now=WHEN,
+    )
+    assert made.fingerprint == hand_fingerprint("tests/test_a.py::test_x", {"gpu": "NVIDIA H100"})
+    assert re.fullmatch(r"[0-9a-f]{32}", made.fingerprint)
+    assert made.fingerprint != hand_fingerprint("tests/test_a.py::test_x", {})
+    assert made.by_hand and not entry().by_hand
+    assert made.reason == "by hand by alice (github)"
+    assert (made.owner, made.expires_at, made.bundle_id, made.occurrences) == (
+        "ml-infra", WHEN + timedelta(days=7), "", 1
+    )  # fmt: skip
+    data = as_json(QuarantineDocument().with_entry(made))["entries"][made.fingerprint]
+    assert data["owner"] == "ml-infra" and data["expires_at"] == "2024-05-08T12:00:00Z"
+    assert (
+        QuarantineDocument.from_json(QuarantineDocument().with_entry(made).to_json()).entries[
+            made.fingerprint
+        ]
+        == made
+    )
+    again = hand_entry(
+        made, test_id=str(made.test_id), variant=made.variant, owner="qa",
+        expires_at=WHEN + timedelta(days=1), by="bob (token)", now=WHEN + timedelta(hours=1),
+    )  # fmt: skip
+    assert (again.fingerprint, again.owner, again.occurrences) == (made.fingerprint, "qa", 2)
+    assert again.quarantined_at == WHEN and again.updated_at == WHEN + timedelta(hours=1)
+
+
+def test_an_entry_without_owner_or_expiry_writes_the_same_bytes_as_before() -> None:
+    raw = QuarantineDocument().with_entry(entry()).to_json()
+    assert b"owner" not in raw and b"expires_at" not in raw
+
+
+def test_an_expired_entry_forgives_nothing_and_says_so() -> None:
+    expiring = entry(owner="ml-infra", expires_at=WHEN)
+    doc = QuarantineDocument().with_entry(expiring)
+    before, after = WHEN - timedelta(seconds=1), WHEN
+    assert doc.find({"tests/test_a.py::test_x"}, now=before) == expiring
+    assert doc.find({"tests/test_a.py::test_x"}, now=after) is None
+    assert doc.find({"tests/test_a.py::test_x"}, FP, variant={"gpu": "x"}, now=after) is None
+    assert (
+        expiring.refusal(None, None, after)
+        == "its quarantine (owner ml-infra) expired at 2024-05-01 12:00 UTC"
+    )
+    assert not entry().expired(WHEN + timedelta(days=10000))
+    assert entry(expires_at=datetime(2000, 1, 1, tzinfo=UTC)).expired()  # the present by default
+
+
+def test_a_refresh_keeps_an_entrys_owner_and_expiry() -> None:
+    old = entry(owner="ml-infra", expires_at=WHEN + timedelta(days=3))
+    new = refreshed_entry(
+        old, fingerprint=FP, test_id=old.test_id, command=old.command, bundle_id="d" * 64,
+        evidence=EVIDENCE, reason=old.reason, issue_url=None, now=WHEN + timedelta(days=1),
+    )  # fmt: skip
+    assert (new.owner, new.expires_at) == ("ml-infra", WHEN + timedelta(days=3))
