@@ -29,6 +29,8 @@ DEFAULT_REPLAY_TIMEOUT_S = 600.0
 """The default of `Settings.replay_timeout_s`, and of the library calls it is passed down to."""
 DEFAULT_OUTPUT_TAIL_LINES = 200
 """The default of `Settings.output_tail_lines`, and of the library calls it is passed down to."""
+_GITHUB_LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}")
+"""A GitHub user or organization name: letters, digits and single inner hyphens, 39 at most."""
 
 
 class Settings(BaseSettings):
@@ -498,6 +500,72 @@ class Settings(BaseSettings):
         description="Where pull request check runs are written as Markdown files when GitHub is not "
         "configured. Default: `checks/` beside the store.",
     )
+    # -- the dashboard --------------------------------------------------------------------------
+    dashboard_read: Literal["anonymous", "login"] = Field(
+        default="anonymous",
+        description="Who may read the dashboard's pages: `anonymous` (anyone who reaches the service, "
+        "or only those of FLAKETRIAGE_DASHBOARD_TRUSTED_NETWORKS when set) or `login` (signed-in "
+        "people only; others are sent to the sign-in page). Acting (re-triage, quarantine, lift) "
+        "always needs a signed-in person.",
+    )
+    dashboard_trusted_networks: list[str] = Field(
+        default=[],
+        description="The networks anonymous readers may read the dashboard from, as a JSON list of "
+        'CIDR blocks (`["10.0.0.0/8", "2001:db8::/32"]`); a reader elsewhere is sent to the sign-in '
+        "page. Empty: any network. The address is the connection's, or the one a proxy forwards "
+        "(`X-Forwarded-For`) when the proxy's address is in uvicorn's `FORWARDED_ALLOW_IPS` "
+        "(default `127.0.0.1`).",
+    )
+    dashboard_token: SecretStr | None = Field(
+        default=None,
+        description="The token people sign in to the dashboard with. Unset: FLAKETRIAGE_API_TOKEN "
+        "signs in instead (CI jobs hold that one: give people a token of their own when CI jobs must "
+        "not act). Neither set and no GitHub login: nobody can sign in, and the dashboard is read-only.",
+    )
+    dashboard_secret: SecretStr | None = Field(
+        default=None,
+        description="The key the dashboard's cookies (sessions, form tokens) are signed with (HMAC-"
+        "SHA256); at least 32 characters, the same for every process that serves the dashboard. "
+        "Unset: a random key of each process, with a warning in the log: sessions end when it "
+        "restarts and are not shared by other processes.",
+    )
+    dashboard_session_h: float = Field(
+        default=12.0,
+        gt=0,
+        le=720,
+        description="How long a dashboard session lasts after signing in (hours).",
+    )
+    dashboard_quarantine_max_days: int = Field(
+        default=90,
+        ge=1,
+        le=3650,
+        description="The furthest expiry of a quarantine made by hand on the dashboard (days ahead).",
+    )
+    github_oauth_client_id: str | None = Field(
+        default=None,
+        description="The client id of a GitHub OAuth App people sign in to the dashboard with (its "
+        "callback URL: `<service>/dashboard/login/github/callback`). Needs the client secret, and "
+        "FLAKETRIAGE_DASHBOARD_GITHUB_USERS or FLAKETRIAGE_DASHBOARD_GITHUB_ORG to say who may.",
+    )
+    github_oauth_client_secret: SecretStr | None = Field(
+        default=None, description="The GitHub OAuth App's client secret."
+    )
+    github_oauth_url: str = Field(
+        default="https://github.com",
+        description="Where GitHub's OAuth web flow is (`/login/oauth/authorize`, "
+        "`/login/oauth/access_token`): `https://HOST` for GitHub Enterprise Server, or a stand-in's "
+        "URL. The signed-in user is read from FLAKETRIAGE_GITHUB_API_URL.",
+    )
+    dashboard_github_users: list[str] = Field(
+        default=[],
+        description="GitHub logins that may sign in to the dashboard, as a JSON list "
+        '(`["octocat", "hubot"]`, any case).',
+    )
+    dashboard_github_org: str | None = Field(
+        default=None,
+        description="A GitHub organization (`acme`) or team (`acme/ml-infra`) whose active members may "
+        "sign in to the dashboard too (asked with the `read:org` scope).",
+    )
 
     @field_validator("store", mode="before")
     @classmethod
@@ -556,6 +624,77 @@ class Settings(BaseSettings):
                 "Enterprise Server"
             )
         return value
+
+    @field_validator("dashboard_trusted_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        out = []
+        for text in value:
+            try:
+                out.append(str(ipaddress.ip_network(text.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(
+                    f"{text!r} is not a network: CIDR blocks such as 10.0.0.0/8 or 2001:db8::/32"
+                ) from None
+        return out
+
+    @field_validator("dashboard_secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError(
+                "must be at least 32 characters: make one with "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
+
+    @field_validator("github_oauth_url")
+    @classmethod
+    def _github_oauth_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+            raise ValueError(
+                "must be an http(s) URL: https://github.com, or https://HOST for GitHub Enterprise Server"
+            )
+        return value
+
+    @field_validator("dashboard_github_users")
+    @classmethod
+    def _github_users(cls, value: list[str]) -> list[str]:
+        logins = [v.strip() for v in value if v.strip()]
+        bad = [v for v in logins if not _GITHUB_LOGIN.fullmatch(v)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a GitHub login (letters, digits and single hyphens)")
+        return sorted({v.lower() for v in logins})
+
+    @field_validator("dashboard_github_org")
+    @classmethod
+    def _github_org(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        org, _, team = value.partition("/")
+        if not _GITHUB_LOGIN.fullmatch(org) or (team and not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", team)):
+            raise ValueError(
+                "must be an organization (acme) or an organization and team slug (acme/ml-infra)"
+            )
+        return value
+
+    def dashboard_tokens(self) -> list[str]:
+        """The tokens that sign in to the dashboard: its own, else the API token; none: nobody signs
+        in with a token."""
+        token = self.dashboard_token or self.api_token
+        return [token.get_secret_value()] if token is not None and token.get_secret_value() else []
+
+    def github_login_ready(self) -> bool:
+        """Whether the GitHub sign-in is set up: the OAuth App, and who may sign in."""
+        return bool(
+            self.github_oauth_client_id
+            and self.github_oauth_client_secret
+            and (self.dashboard_github_users or self.dashboard_github_org)
+        )
 
     def local_store(self) -> Path | None:
         """The store's directory (relative to the current directory when the setting is), or None

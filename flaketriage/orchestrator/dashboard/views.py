@@ -10,13 +10,11 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from flaketriage import __version__
+from flaketriage.orchestrator.dashboard.access import PREFIX as PREFIX  # where the pages live
 from flaketriage.orchestrator.dashboard.access import Access
 
 if TYPE_CHECKING:
     from flaketriage.orchestrator.service import Service
-
-PREFIX = "/dashboard"
-"""Where the pages live; ``/`` and ``/ui`` redirect there."""
 
 NAVIGATION = (
     ("overview", "Overview", ""),
@@ -69,7 +67,7 @@ class Views:
     def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         """`template` rendered with `context`, the viewer and the form token of this request."""
         viewer = self.access.viewer(request)
-        context.setdefault("flash", None)
+        context.setdefault("flash", self.access.flash(request))
         html = self.env.get_template(template).render(
             request=request,
             viewer=viewer,
@@ -77,4 +75,6 @@ class Views:
             query=dict(request.query_params),
             **context,
         )
-        return HTMLResponse(html, status_code=status_code, headers=self.access.page_headers())
+        response = HTMLResponse(html, status_code=status_code, headers=self.access.page_headers())
+        self.access.finish(request, response)
+        return response
