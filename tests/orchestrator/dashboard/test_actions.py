@@ -438,3 +438,43 @@ def test_lifting_a_key_that_is_no_fingerprint_changes_nothing(
 def test_an_action_returns_only_into_the_dashboard(world: World, alice: TestClient, next_path: str) -> None:
     answer = act(alice, "lift", fingerprint=world.specs["flaky"].fingerprint, next=next_path)
     assert answer.headers["location"] == "/dashboard/quarantine"
+
+
+# -- in a real browser ----------------------------------------------------------------------------
+def test_signing_in_and_acting_in_a_real_browser(tmp_path: Path) -> None:
+    """Chromium signs in through the form, re-triages a case from its page and signs out: the
+    cookies, the 303s and the page's policy (forms to this site only) work as a browser reads them,
+    with no console error."""
+    from tests.orchestrator.dashboard.browser import chromium, served
+
+    database = Database(f"sqlite:///{tmp_path / 'service.db'}")
+    database.upgrade()
+    made = make_dashboard(database, tmp_path)
+    world = seed(made)
+    flaky = world.cases["flaky"]
+    errors: list[str] = []
+    try:
+        with served(made.client.app) as base, chromium() as browser:
+            page = browser.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(f"{base}/dashboard/cases/{flaky}")
+            page.click("#case-actions-sign-in a")
+            page.fill("#login-name", "alice")
+            page.fill("#login-token", TOKEN)
+            page.click("#token-form button[type=submit]")
+            page.wait_for_url(f"{base}/dashboard/cases/{flaky}")
+            assert page.locator(".flash").inner_text() == "Signed in as alice."
+            assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads the session
+            page.click("#retriage-form button[type=submit]")
+            page.wait_for_load_state()
+            assert "is queued for triage again" in page.locator(".flash").inner_text()
+            assert page.locator("#case-status").inner_text() == "queued"
+            page.click("header form button[type=submit]")  # sign out
+            page.wait_for_url(f"{base}/dashboard")
+            assert page.locator(".flash").inner_text() == "Signed out."
+            assert page.locator("header .viewer a").inner_text() == "Sign in"
+    finally:
+        made.client.close()
+        database.dispose()
+    assert errors == []
+    assert case(world, "flaky").status == "queued"
