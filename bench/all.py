@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from goals import parse
 
 HERE = Path(__file__).resolve().parent
-HELPERS = {"all", "goals", "paired", "service_stack"}
+HELPERS = {"all", "goals", "paired", "service_stack", "seed", "dashboard_app", "dashboard_data"}
 """Modules in bench/ that are not benchmarks."""
 POSTGRES = os.environ.get("FLAKETRIAGE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -58,6 +58,7 @@ BENCHES = (
     Bench("ingest", tools=("redis-server", "wrk"), modules=("psycopg",), services=True),
     Bench("quarantine_fetch", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("results", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
+    Bench("dashboard", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("reliability", modules=("psycopg", "schemathesis", "hypothesis"), services=True),
     Bench("overload", tools=("redis-server",), modules=("psycopg", "httpx"), services=True),
     Bench("chaos", tools=("redis-server", "runuser"), modules=("psycopg", "httpx", "moto")),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,6 +34,12 @@ def interleave(
             if round_ >= warmup:
                 times[name].append(measured)
     return times
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-quantile of `values` (0.95 for the 95th percentile): the nearest rank, no interpolation."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 @dataclass(frozen=True)

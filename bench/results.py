@@ -39,8 +39,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goals import check
-from paired import interleave
+from paired import interleave, percentile
 from quarantine_fetch import wait_ready
+from seed import History, seed_history
 from service_stack import Processes, free_port, postgres_database, redis_server, require_tools, service_env
 
 SECRET = "bench-secret"
@@ -80,50 +81,16 @@ def cli(env: dict[str, str], *args: str) -> float:
 
 
 def seed(database_url: str, results: int) -> int:
-    """``results`` results for ``results // 100`` tests; returns the number of tests."""
+    """``results`` results: 100 runs of one suite of ``results // 100`` tests (`seed.History`);
+    returns the number of tests (their ids are 1 to it, in this fresh database)."""
     import psycopg
 
-    tests = max(1, results // 100)
+    history = History(tests=max(1, results // 100), runs=100, days=200 / 1440, storms=0.0)
     url = database_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(url, autocommit=True) as conn:
-        started = time.perf_counter()
-        conn.execute(
-            "INSERT INTO result_uploads (upload_id, source, repository, branch, commit, attempt,"
-            " variant_key, tests, failures, passed_on_retry, skipped, duration_s, lost_s, storm,"
-            " totals_added, received_at)"
-            " SELECT 'seed-' || g, 'junit', 'acme/big', 'main', lpad(to_hex(g), 40, '0'), 1, '', %s, 0, 0, 0,"
-            " 0, 0, false, true, now() - make_interval(mins => 200 - g) FROM generate_series(1, 100) g",
-            (tests,),
-        )
-        conn.execute(
-            "INSERT INTO tests (key, repository, test_id, variant_key, first_seen, last_seen, runs, failures,"
-            " passed_on_retry, skipped, blocked_runs, duration_s, lost_s, last_outcome, suspected_flaky)"
-            " SELECT md5('t' || g) || md5('u' || g), 'acme/big',"
-            " 'tests/test_m' || (g / 100) || '.py::test_' || g,"
-            " '', now(), now(), 100, 1, 0, 0, 1, 10, 1, 'passed', false FROM generate_series(1, %s) g",
-            (tests,),
-        )
-        for index in ("ix_test_results_test", "ix_test_results_commit", "ix_test_results_upload_pk"):
-            conn.execute(f"DROP INDEX {index}")
-        conn.execute(
-            "INSERT INTO test_results (test_pk, upload_pk, commit, branch, outcome, attempts,"
-            " failed_attempts, duration_s, lost_s, quarantined, storm, received_at)"
-            " SELECT t.id, u.id, u.commit, 'main', CASE WHEN random() < 0.01 THEN 'failed' ELSE 'passed' END,"
-            " 1, 0, 0.1, 0, false, false, u.received_at"
-            " FROM result_uploads u CROSS JOIN tests t"
-            " WHERE u.upload_id LIKE 'seed-%%' AND t.repository = 'acme/big'"
-            " ORDER BY u.id, t.id"
-        )
-        conn.execute("CREATE INDEX ix_test_results_test ON test_results (test_pk, id)")
-        conn.execute('CREATE INDEX ix_test_results_commit ON test_results (test_pk, "commit")')
-        conn.execute("CREATE INDEX ix_test_results_upload_pk ON test_results (upload_pk)")
+        seed_history(conn, history)
         conn.execute("VACUUM ANALYZE")
-        count = conn.execute("SELECT count(*) FROM test_results").fetchone()
-        print(
-            f"  seeded {count[0] if count else 0:,} results of {tests:,} tests"
-            f" in {time.perf_counter() - started:.0f} s"
-        )
-    return tests
+    return history.tests
 
 
 def history(base: str, tests: int, requests: int) -> tuple[list[float], list[float]]:
@@ -146,11 +113,6 @@ def history(base: str, tests: int, requests: int) -> tuple[list[float], list[flo
                     raise SystemExit("a test page did not list its 50 latest results")
                 (page if name == "page" else bare).append(elapsed)
     return page, bare
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> int:

@@ -90,9 +90,14 @@ class Processes:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self, *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+        """``python -m flaketriage ARGS``."""
+        return self.launch([sys.executable, "-m", "flaketriage", *args], log=log)
+
+    def launch(self, argv: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+        """Any command (a benchmark's own app, say), ended with the others."""
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flaketriage", *args],
+            argv,
             cwd=self.cwd,
             env=self.env,
             stdout=out,
