@@ -354,7 +354,8 @@ def create_app(service: Service) -> FastAPI:
         limit: int = 100,
     ) -> list[TestSummary]:
         """Tests per variant with their CI history's totals, most recently seen first (``sort=lost``:
-        the most CI time lost first); filter by ``repository``, ``branch`` (ran there), ``flaky``
+        the most CI time lost first); filter by ``repository``, ``branch`` (ran in its latest
+        uploads: each job's latest, then the newer others, up to 200,000 results), ``flaky``
         (suspected by history) and ``quarantined``."""
         return TestQuery(service.database).list(
             repository=repository,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import ColumnElement, false, func, select
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.api_models import (
@@ -33,6 +33,11 @@ from flaketriage.work.dispatch import Dispatcher, Outgoing
 from flaketriage.work.messages import Queue, Step
 
 Sort = Literal["last_seen", "lost", "failures"]
+
+BRANCH_UPLOADS = 200
+"""The latest uploads of a branch that `branch_uploads` looks at."""
+BRANCH_RESULTS = 200_000
+"""The most results `branch_uploads`' uploads may hold together: what the branch filter reads."""
 
 
 def accept_results(
@@ -79,6 +84,43 @@ def accept_results(
     )
     dispatcher.send(outgoing)
     return answer
+
+
+def branch_uploads(session: Session, branch: str, repository: str | None = None) -> list[int]:
+    """The uploads whose tests "ran on `branch`" (of `repository`, when given): among the branch's
+    latest `BRANCH_UPLOADS`, the latest of each job and variant first, then the others newest
+    first, while their results add up to at most `BRANCH_RESULTS` (the newest always counts). One
+    range scan of ``result_uploads (repository, branch, id)`` (or ``(branch, id)``); their tests
+    are then read by ``test_results (upload_pk)``, never by looking through every result of every
+    test (a result's branch has no index, and there are 10 million of them)."""
+    query = select(UploadRow.id, UploadRow.job, UploadRow.variant_key, UploadRow.repository, UploadRow.tests)
+    query = query.where(UploadRow.branch == branch)
+    if repository:
+        query = query.where(UploadRow.repository == repository)
+    rows = session.execute(query.order_by(UploadRow.id.desc()).limit(BRANCH_UPLOADS)).all()
+    seen: set[tuple[object, ...]] = set()
+    first: list[Any] = []
+    rest: list[Any] = []
+    for row in rows:
+        key = (row.repository, row.job, row.variant_key)
+        (rest if key in seen else first).append(row)
+        seen.add(key)
+    chosen: list[int] = []
+    results = 0
+    for row in first + rest:
+        if chosen and results + row.tests > BRANCH_RESULTS:
+            continue
+        chosen.append(int(row.id))
+        results += row.tests
+    return chosen
+
+
+def on_branch(session: Session, branch: str, repository: str | None = None) -> ColumnElement[bool]:
+    """Tests (`TestRow`) that ran on `branch`: in one of its `branch_uploads`."""
+    uploads = branch_uploads(session, branch, repository)
+    if not uploads:
+        return false()
+    return TestRow.id.in_(select(ResultRow.test_pk).where(ResultRow.upload_pk.in_(uploads)))
 
 
 @dataclass(frozen=True)
@@ -136,9 +178,9 @@ class TestQuery:
             query = query.where(TestRow.repository == repository)
         if flaky is not None:
             query = query.where(TestRow.suspected_flaky.is_(flaky))
-        if branch:
-            query = query.where(exists().where(ResultRow.test_pk == TestRow.id, ResultRow.branch == branch))
         with self.database.session() as session:
+            if branch:
+                query = query.where(on_branch(session, branch, repository))
             held = _Quarantined.load(session)
             if quarantined:
                 query = query.where(TestRow.test_id.in_(list(held.entries)))

@@ -334,6 +334,9 @@ class UploadRow(Base):
         Index("ix_result_uploads_branch", "branch", "id"),
         Index("ix_result_uploads_received", "received_at", "storm", "lost_s"),
         Index("ix_result_uploads_run_url", "run_url", postgresql_using="hash"),
+        # The commit grid and the tests' branch filter (migration 0007): a repository's branch's
+        # latest uploads, where "main" is a branch of every repository.
+        Index("ix_result_uploads_repository_branch", "repository", "branch", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -374,6 +377,10 @@ class TestRow(Base):
         # A case's test in CI history, by its id (migration 0006). A hash index on PostgreSQL: a test
         # id may be longer than a B-tree entry can be, and it is only ever looked up by equality.
         Index("ix_tests_test_id", "test_id", postgresql_using="hash"),
+        # The dashboard's tests list in its three orders (migration 0007).
+        Index("ix_tests_last_seen", "last_seen", "id"),
+        Index("ix_tests_lost", "lost_s", "id"),
+        Index("ix_tests_failures", "failures", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -1,14 +1,478 @@
-"""The dashboard's tests (being built)."""
+"""The tests list and a test's page: each test in each variant with a strip of its latest results
+(every outcome in text too), its flip rate, whether it failed and passed on one commit, the CI time
+it lost, its failures and its quarantine; filtered by repository, branch, suspicion, quarantine and
+name, sorted by when last seen, CI time lost or failures, a page of `PAGE_SIZE` at a time.
+
+Bounded for 10 million results: a page's tests come off one of ``tests``' indexes (migration 0007);
+their latest results are one query of one index range each (``test_results (test_pk, id)``,
+`latest_results`); the branch filter reads the branch's latest upload of each job
+(`flaketriage.orchestrator.history.on_branch`), never every result; the quarantine is read once
+(`Held`, at most `MAX_ENTRIES` entries).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from markupsafe import Markup
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, func, select, union_all
+from sqlalchemy.orm import Session, aliased
+
+from flaketriage.errors import ConfigError
+from flaketriage.orchestrator.dashboard.case import parse_case_id, web_link
+from flaketriage.orchestrator.dashboard.cases import MAX_FILTER, recent_branches, verdict_label
+from flaketriage.orchestrator.dashboard.charts import Cell, strip
+from flaketriage.orchestrator.history import on_branch
+from flaketriage.quarantine import QuarantineEntry
+from flaketriage.records import Case, QuarantineRow
+from flaketriage.records.history import RECENT, HistoryStats
+from flaketriage.records.models import ResultRow, TestRow, UploadRow
+from flaketriage.records.text import storable_text
+from flaketriage.results.model import Outcome
+from flaketriage.variant import parse_variant, variant_covers
 
 if TYPE_CHECKING:
     from flaketriage.orchestrator.dashboard.views import Views
 
+PAGE_SIZE = 50
+MAX_PAGE = 200
+"""The last page the list goes to (10,000 tests): past it, narrow the filters."""
+STRIP = 20
+"""The latest results each test of the list shows (its page shows `RECENT`)."""
+MAX_ENTRIES = 5000
+"""The most quarantine entries read to tell which tests are quarantined."""
+MAX_QUARANTINED_TESTS = 5000
+"""The most tests (in every variant) the quarantined filter considers."""
+SORTS = {"last_seen": "last seen", "lost": "CI time lost", "failures": "failures"}
+CHOICES = ("yes", "no")
+TEXT_FILTERS = ("repository", "branch", "name")
+FILTERS = (*TEXT_FILTERS, "flaky", "quarantined", "sort", "page")
+
+
+# -- the quarantine, as it concerns tests --------------------------------------------------------
+@dataclass(frozen=True)
+class Quarantine:
+    """A test's quarantine: the entry that holds it (None: not quarantined), and an expired entry
+    that named it (a hand quarantine past its expiry, which forgives nothing)."""
+
+    entry: QuarantineEntry | None = None
+    expired: QuarantineEntry | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.entry is not None
+
+
+class Held:
+    """The quarantine's entries by the tests they name (read once: `load`)."""
+
+    def __init__(self, entries: Iterable[QuarantineEntry]) -> None:
+        self.by_test: dict[str, list[QuarantineEntry]] = {}
+        for entry in entries:
+            for test in {entry.test_id, *entry.tests} - {None}:
+                self.by_test.setdefault(str(test), []).append(entry)
+
+    @classmethod
+    def load(cls, session: Session) -> Held:
+        return cls(readable(session.scalars(select(QuarantineRow.entry).limit(MAX_ENTRIES))))
+
+    def of(self, test_id: str, variant_key: str) -> Quarantine:
+        entries = self.by_test.get(test_id, [])
+        if not entries:
+            return Quarantine()
+        try:
+            variant = parse_variant(variant_key, where="a recorded variant")
+        except ConfigError:
+            variant = {}
+        covering = [e for e in entries if variant_covers(e.variant, variant)]
+        live = sorted((e for e in covering if not e.expired()), key=lambda e: e.quarantined_at)
+        gone = sorted((e for e in covering if e.expired()), key=lambda e: e.expires_at or e.updated_at)
+        return Quarantine(live[0] if live else None, gone[-1] if gone else None)
+
+    @property
+    def test_ids(self) -> list[str]:
+        return sorted(self.by_test)
+
+
+def readable(entries: Iterable[Any]) -> list[QuarantineEntry]:
+    """The entries that read as a `QuarantineEntry` (one written by a newer release is left out)."""
+    out = []
+    for data in entries:
+        try:
+            out.append(QuarantineEntry.model_validate(data))
+        except ValidationError:
+            continue
+    return out
+
+
+def quarantined_tests(session: Session, held: Held, repository: str = "") -> list[int]:
+    """The ids of the tests (in each variant) an entry holds: those whose id an entry names, read
+    by ``tests (test_id)``, kept where the entry's variant pattern covers theirs."""
+    if not held.by_test:
+        return []
+    query = select(TestRow.id, TestRow.test_id, TestRow.variant_key).where(TestRow.test_id.in_(held.test_ids))
+    if repository:
+        query = query.where(TestRow.repository == repository)
+    rows = session.execute(query.limit(MAX_QUARANTINED_TESTS)).all()
+    return [int(pk) for pk, test, variant in rows if held.of(test, variant).held]
+
+
+# -- results ----------------------------------------------------------------------------------------
+def latest_results(
+    session: Session, test_pks: Sequence[int], per_test: int, since: datetime | None = None
+) -> dict[int, list[ResultRow]]:
+    """Each test's latest `per_test` results (received `since`, when given), newest first: one
+    query, a ``test_results (test_pk, id)`` range read backwards per test."""
+    if not test_pks:
+        return {}
+    parts = []
+    for pk in dict.fromkeys(test_pks):
+        one = select(ResultRow).where(ResultRow.test_pk == pk)
+        if since is not None:
+            one = one.where(ResultRow.received_at >= since)
+        inner = one.order_by(ResultRow.id.desc()).limit(per_test).subquery()
+        parts.append(select(inner))
+    rows = aliased(ResultRow, union_all(*parts).subquery())
+    found: dict[int, list[ResultRow]] = {pk: [] for pk in test_pks}
+    for row in session.scalars(select(rows)):
+        found[row.test_pk].append(row)
+    for results in found.values():
+        results.sort(key=lambda r: r.id, reverse=True)
+    return found
+
+
+def outcome_of(result: ResultRow) -> str:
+    """A result's outcome as the pages name it (and its class: ``outcome-<this>``)."""
+    if result.outcome == Outcome.PASSED.value and result.failed_attempts:
+        return "passed_on_retry"
+    return result.outcome
+
+
+def outcome_label(outcome: str) -> str:
+    return outcome.replace("_", " ")
+
+
+def summary(results: Sequence[ResultRow]) -> str:
+    """``12 runs: 9 passed, 3 failed`` (newest first or not, the same words)."""
+    if not results:
+        return "no runs recorded"
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[outcome_of(r)] = counts.get(outcome_of(r), 0) + 1
+    order = ("passed", "passed_on_retry", "failed", "error", "skipped")
+    parts = [f"{counts[o]} {outcome_label(o)}" for o in order if o in counts]
+    parts += [f"{n} {outcome_label(o)}" for o, n in sorted(counts.items()) if o not in order]
+    n = len(results)
+    return f"{n} run{'' if n == 1 else 's'}: " + ", ".join(parts)
+
+
+def results_strip(results: Sequence[ResultRow], ident: str, name: str) -> Markup:
+    """The strip of `results` (given newest first), drawn oldest to newest."""
+    ordered = list(reversed(results))
+    cells = [
+        Cell(
+            f"{outcome_label(outcome_of(r))}"
+            + (f" on {r.commit[:10]}" if r.commit else "")
+            + (f" ({r.received_at:%Y-%m-%d %H:%M} UTC)" if r.received_at else "")
+            + (", a storm run" if r.storm else ""),
+            f"outcome-{outcome_of(r)}",
+        )
+        for r in ordered
+    ]
+    return strip(
+        cells,
+        title=f"Latest results of {name}, oldest to newest",
+        description=summary(results) + ".",
+        ident=ident,
+    )
+
+
+# -- the list -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TestFilters:
+    """What the list shows: each filter ``""`` when not given."""
+
+    __test__ = False
+
+    repository: str = ""
+    branch: str = ""
+    name: str = ""
+    flaky: str = ""
+    quarantined: str = ""
+    sort: str = "last_seen"
+    page: int = 1
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> tuple[TestFilters, list[str]]:
+        """As `CaseFilters.parse`: the filters, and what is wrong with the query (a wrong value is
+        left out); NUL and lone surrogates become U+FFFD and match nothing."""
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for name in FILTERS:
+            text = storable_text(params.get(name, "")).strip()
+            if len(text) > MAX_FILTER:
+                problems.append(f"{name} is {len(text)} characters long: at most {MAX_FILTER} are read")
+            elif text:
+                values[name] = text
+        allowed = {"flaky": CHOICES, "quarantined": CHOICES, "sort": tuple(SORTS)}
+        for name, choices in allowed.items():
+            if name in values and values[name] not in choices:
+                problems.append(f"{name} {values.pop(name)!r} is not one of: {', '.join(choices)}")
+        if "page" in values:
+            page = values.pop("page")
+            if page.isascii() and page.isdigit() and 1 <= int(page) <= MAX_PAGE:
+                values["page"] = int(page)
+            else:
+                problems.append(
+                    f"page {page!r} is not a page of this list: a whole number from 1 to {MAX_PAGE} "
+                    "(past that, narrow the filters)"
+                )
+        return cls(**values), problems
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, name) for name in (*TEXT_FILTERS, "flaky", "quarantined"))
+
+    def link(self, **changes: Any) -> str:
+        changed = replace(self, **changes)
+        pairs = [
+            (name, str(getattr(changed, name)))
+            for name in FILTERS
+            if getattr(changed, name) not in ("", None)
+            and getattr(changed, name) != getattr(TestFilters, name)
+        ]
+        return "?" + urlencode(pairs) if pairs else "?"
+
+    def conditions(self, session: Session, held: Held) -> list[ColumnElement[bool]]:
+        found: list[ColumnElement[bool]] = []
+        if self.repository:
+            found.append(TestRow.repository == self.repository)
+        if self.name:
+            found.append(TestRow.test_id.icontains(self.name, autoescape=True))
+        if self.flaky:
+            found.append(TestRow.suspected_flaky.is_(self.flaky == "yes"))
+        if self.quarantined:
+            ids = quarantined_tests(session, held, self.repository)
+            found.append(TestRow.id.in_(ids) if self.quarantined == "yes" else TestRow.id.not_in(ids))
+        if self.branch:
+            found.append(on_branch(session, self.branch, self.repository or None))
+        return found
+
+
+def order_of(sort: str) -> tuple[Any, ...]:
+    column = {"lost": TestRow.lost_s, "failures": TestRow.failures}.get(sort, TestRow.last_seen)
+    return (column.desc(), TestRow.id.desc())
+
+
+@dataclass(frozen=True)
+class TestLine:
+    """A test in one variant, as the list and its page show it."""
+
+    __test__ = False
+
+    row: TestRow
+    results: list[ResultRow]
+    """Its latest, newest first."""
+    quarantine: Quarantine
+
+    @property
+    def stats(self) -> HistoryStats:
+        return HistoryStats.of(self.results)
+
+    @property
+    def summary(self) -> str:
+        return summary(self.results)
+
+    @property
+    def outcomes(self) -> list[tuple[str, ResultRow]]:
+        """(outcome, result) oldest to newest, as the strip draws them."""
+        return [(outcome_of(r), r) for r in reversed(self.results)]
+
+    def strip(self, ident: str) -> Markup:
+        return results_strip(self.results, ident, self.row.test_id)
+
+
+@dataclass(frozen=True)
+class TestPage:
+    __test__ = False
+
+    lines: list[TestLine]
+    total: int
+    filters: TestFilters
+
+    @property
+    def pages(self) -> int:
+        return min(max(1, math.ceil(self.total / PAGE_SIZE)), MAX_PAGE)
+
+    @property
+    def first(self) -> int:
+        return (self.filters.page - 1) * PAGE_SIZE + 1 if self.lines else 0
+
+    @property
+    def last(self) -> int:
+        return (self.filters.page - 1) * PAGE_SIZE + len(self.lines)
+
+
+def page_of_tests(session: Session, filters: TestFilters) -> TestPage:
+    """One count, one page of tests, one query of their latest results, one read of the quarantine."""
+    held = Held.load(session)
+    conditions = filters.conditions(session, held)
+    total = int(session.scalar(select(func.count()).select_from(TestRow).where(*conditions)) or 0)
+    rows = list(
+        session.scalars(
+            select(TestRow)
+            .where(*conditions)
+            .order_by(*order_of(filters.sort))
+            .limit(PAGE_SIZE)
+            .offset((filters.page - 1) * PAGE_SIZE)
+        )
+    )
+    results = latest_results(session, [r.id for r in rows], STRIP)
+    lines = [TestLine(r, results.get(r.id, []), held.of(r.test_id, r.variant_key)) for r in rows]
+    return TestPage(lines, total, filters)
+
+
+def repositories(session: Session, limit: int = 200) -> list[str]:
+    """Repositories of the latest uploads, for the filter's suggestions."""
+    latest = select(UploadRow.repository).order_by(UploadRow.id.desc()).limit(500).subquery()
+    return sorted(str(r) for r in session.scalars(select(latest.c.repository).distinct().limit(limit)))
+
+
+# -- one test -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One of a test's latest results with the upload it came in."""
+
+    result: ResultRow
+    outcome: str
+    job: str | None
+    run_url: str | None
+    link: str | None
+    """`run_url` when the page may link to it (http(s) only)."""
+
+
+@dataclass
+class TestDetails:
+    __test__ = False
+
+    line: TestLine
+    runs: list[Run]
+    cases: list[tuple[int, str, str | None, str]]
+    """(id, title, verdict, status) of the cases about the test, latest first."""
+    variants: list[tuple[int, str]] = field(default_factory=list)
+    """The test's other variants in its repository: (id, variant key)."""
+
+
+MAX_CASES = 20
+MAX_VARIANTS = 50
+
+
+def load_test(session: Session, test_pk: int) -> TestDetails | None:
+    row = session.get(TestRow, test_pk)
+    if row is None:
+        return None
+    results = latest_results(session, [test_pk], RECENT)[test_pk]
+    held = Held.load(session)
+    uploads = {
+        u.id: (u.job, u.run_url)
+        for u in session.execute(
+            select(UploadRow.id, UploadRow.job, UploadRow.run_url).where(
+                UploadRow.id.in_({r.upload_pk for r in results})
+            )
+        )
+    }
+    runs = []
+    for r in results:
+        job, url = uploads.get(r.upload_pk, (None, None))
+        runs.append(Run(r, outcome_of(r), job, url, web_link(url)))
+    cases = [
+        (int(i), str(t), v, str(s))
+        for i, t, v, s in session.execute(
+            select(Case.id, Case.title, Case.verdict, Case.status)
+            .where(Case.test_id == row.test_id, Case.repository == row.repository)
+            .order_by(Case.last_seen.desc(), Case.id.desc())
+            .limit(MAX_CASES)
+        )
+    ]
+    variants = [
+        (int(i), str(v))
+        for i, v in session.execute(
+            select(TestRow.id, TestRow.variant_key)
+            .where(TestRow.test_id == row.test_id, TestRow.repository == row.repository, TestRow.id != row.id)
+            .order_by(TestRow.variant_key)
+            .limit(MAX_VARIANTS)
+        )
+    ]
+    line = TestLine(row, results, held.of(row.test_id, row.variant_key))
+    return TestDetails(line, runs, cases, variants)
+
 
 def router(views: Views) -> APIRouter:
-    return APIRouter()
+    routes = APIRouter()
+
+    @routes.get("/tests", response_class=HTMLResponse)
+    def tests(request: Request) -> HTMLResponse:
+        filters, problems = TestFilters.parse(request.query_params)
+        partial = request.headers.get("HX-Request") == "true" and not request.headers.get(
+            "HX-History-Restore-Request"
+        )
+        with views.service.database.session() as session:
+            page = None if problems else page_of_tests(session, filters)
+            suggestions = (
+                {}
+                if partial
+                else {"repositories": repositories(session), "branches": recent_branches(session)}
+            )
+        return views.page(
+            request,
+            "partials/test_results.html" if partial else "tests.html",
+            status_code=422 if problems else 200,
+            title="Tests",
+            page_key="tests",
+            filters=filters,
+            problems=problems,
+            results=page,
+            sorts=SORTS,
+            strip_size=STRIP,
+            outcome_label=outcome_label,
+            **suggestions,
+        )
+
+    @routes.get("/tests/{test_pk}", response_class=HTMLResponse)
+    def test(request: Request, test_pk: str) -> HTMLResponse:
+        ident = parse_case_id(test_pk)  # the same range: an INTEGER key
+        details = None
+        if ident is not None:
+            with views.service.database.session() as session:
+                details = load_test(session, ident)
+        if details is None:
+            return views.page(
+                request,
+                "test_missing.html",
+                status_code=404,
+                title="No such test",
+                page_key="tests",
+                asked=storable_text(test_pk),
+            )
+        return views.page(
+            request,
+            "test.html",
+            title=f"Test {details.line.row.test_id}",
+            page_key="tests",
+            details=details,
+            line=details.line,
+            test=details.line.row,
+            recent=RECENT,
+            verdict_label=verdict_label,
+            outcome_label=outcome_label,
+        )
+
+    return routes

@@ -136,3 +136,56 @@ def test_the_keyboard_reaches_the_content_and_the_navigation(clean: Site) -> Non
     page.wait_for_url(f"{clean.base}/dashboard/cases")
     focused = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
     assert focused in ("auto", "solid", "none")  # reached; its outline shows on :focus-visible
+
+
+def test_the_tests_list_draws_each_strip_and_filters_in_place(clean: Site) -> None:
+    page = clean.page()
+    page.goto(f"{clean.base}/dashboard/tests")
+    everything = page.locator("#tests-table tbody tr").count()
+    assert everything == 8
+    strip = page.locator("#tests-table svg.chart-strip").first
+    box = strip.bounding_box()
+    assert box is not None and box["width"] > 10
+    page.select_option("#filter-quarantined", "yes")
+    with page.expect_response(lambda r: "/dashboard/tests?" in r.url):
+        page.click("#test-filters button[type=submit]")
+    page.wait_for_function("document.querySelectorAll('#tests-table tbody tr').length === 1")
+    assert "quarantined=yes" in page.url
+    assert "quarantined since" in page.locator("#tests-table tbody tr").inner_text()
+    shoot(page, "tests")
+
+
+def test_a_test_page_draws_its_results(clean: Site) -> None:
+    page = clean.page()
+    page.goto(f"{clean.base}/dashboard/tests/{clean.world.tests['tests/test_net.py::test_retry']}")
+    cells = page.locator("#strip-figure svg rect")
+    assert cells.count() == 12
+    assert page.locator("#strip-summary").inner_text().startswith("12 runs: 12 passed on retry")
+    shoot(page, "test")
+
+
+def test_the_commit_grid_names_every_cell(clean: Site) -> None:
+    page = clean.page()
+    page.goto(f"{clean.base}/dashboard/grid")
+    cells = page.locator("#grid-table tbody td")
+    assert cells.count() == 14
+    texts = cells.all_inner_texts()
+    assert all(any(w in t for w in ("passed", "failed", "not run")) for t in texts)
+    shoot(page, "grid")
+
+
+def test_the_quarantine_page_draws_the_evidence(clean: Site) -> None:
+    page = clean.page()
+    page.goto(f"{clean.base}/dashboard/quarantine")
+    chart = page.locator(".q-evidence svg").first
+    box = chart.bounding_box()
+    assert box is not None and box["width"] > 100
+    assert "lifted when a rerun passes" in page.locator(".q-lift").first.inner_text()
+    shoot(page, "quarantine")
+
+
+def test_the_runners_page(clean: Site) -> None:
+    page = clean.page()
+    page.goto(f"{clean.base}/dashboard/runners")
+    assert page.locator("#runners-table tbody tr").count() == 2
+    shoot(page, "runners")
