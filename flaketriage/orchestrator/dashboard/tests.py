@@ -53,6 +53,7 @@ MAX_QUARANTINED_TESTS = 5000
 """The most tests (in every variant) the quarantined filter considers."""
 SORTS = {"last_seen": "last seen", "lost": "CI time lost", "failures": "failures"}
 CHOICES = ("yes", "no")
+YES_NO = {"1": "yes", "true": "yes", "yes": "yes", "0": "no", "false": "no", "no": "no"}
 TEXT_FILTERS = ("repository", "branch", "name")
 FILTERS = (*TEXT_FILTERS, "flaky", "quarantined", "sort", "page")
 
@@ -222,6 +223,9 @@ class TestFilters:
                 problems.append(f"{name} is {len(text)} characters long: at most {MAX_FILTER} are read")
             elif text:
                 values[name] = text
+        for name in ("flaky", "quarantined"):  # the API's spelling of a boolean reads too
+            if name in values:
+                values[name] = YES_NO.get(values[name].lower(), values[name])
         allowed = {"flaky": CHOICES, "quarantined": CHOICES, "sort": tuple(SORTS)}
         for name, choices in allowed.items():
             if name in values and values[name] not in choices:

@@ -100,6 +100,7 @@ def test_every_test_is_listed_with_its_latest_results_in_words(seeded: World) ->
         ("?branch=nowhere", set()),
         ("?flaky=yes", set()),
         ("?flaky=no", EVERY_TEST),
+        ("?flaky=false&quarantined=1", {RETRY}),  # as the API spells them
     ],
 )
 def test_the_filters_narrow_the_list(seeded: World, query: str, expected: set[str]) -> None:
@@ -167,7 +168,7 @@ def test_no_results_yet(dashboard: Dashboard) -> None:
     [
         ("?sort=name", "sort 'name' is not one of: last_seen, lost, failures"),
         ("?flaky=maybe", "flaky 'maybe' is not one of: yes, no"),
-        ("?quarantined=1", "quarantined '1' is not one of: yes, no"),
+        ("?quarantined=2", "quarantined '2' is not one of: yes, no"),
         ("?page=0", "page '0' is not a page of this list"),
         ("?page=-1", "page '-1' is not a page of this list"),
         ("?page=99999999999999999999", "is not a page of this list"),
