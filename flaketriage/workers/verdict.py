@@ -42,6 +42,7 @@ from enum import StrEnum
 from typing import Any
 
 from flaketriage.errors import ConfigError
+from flaketriage.work.sequential import clean_replays, smallest_power_at_most
 
 __all__ = [
     "Outcome",
@@ -89,17 +90,6 @@ class Verdict(StrEnum):
     ENVIRONMENT_SPECIFIC = "environment_specific"
     """Reproduces on the runner (or hardware) it was captured on and not on others, or the reverse.
     The sequential test never gives it: hardware attribution across runners does."""
-
-
-def _smallest_power_at_most(base: float, target: float) -> int:
-    """The smallest k >= 1 with ``base**k <= target``, for 0 < base < 1 and 0 < target < 1."""
-    k = max(1, math.ceil(math.log(target) / math.log(base)))
-    # The logarithms can land one off either way; settle it on the exact comparison.
-    while k > 1 and base ** (k - 1) <= target:
-        k -= 1
-    while base**k > target:
-        k += 1
-    return k
 
 
 def _check_probability(name: str, value: float, meaning: str) -> None:
@@ -150,12 +140,12 @@ class VerdictPolicy:
     @property
     def deterministic_after(self) -> int:
         """Reproductions in a row, with nothing else, that make a failure deterministic."""
-        return _smallest_power_at_most(self.max_rate, self.alpha)
+        return smallest_power_at_most(self.max_rate, self.alpha)
 
     @property
     def not_reproduced_after(self) -> int:
         """Replays without a reproduction that make a failure not reproduced (or a different one)."""
-        return _smallest_power_at_most(1.0 - self.min_rate, self.alpha)
+        return clean_replays(self.min_rate, self.alpha)
 
 
 @dataclass(frozen=True)
@@ -401,4 +391,4 @@ def clean_runs_needed(rate: float, beta: float = 0.05) -> int:
         )
     if rate >= 1:
         return 1
-    return min(_smallest_power_at_most(1.0 - rate, beta), MAX_CLEAN_RUNS)
+    return min(smallest_power_at_most(1.0 - rate, beta), MAX_CLEAN_RUNS)

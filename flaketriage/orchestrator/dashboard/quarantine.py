@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from flaketriage.errors import ConfigError
+from flaketriage.orchestrator.api_models import CaseVerdict
 from flaketriage.orchestrator.dashboard.case import web_link
 from flaketriage.orchestrator.dashboard.charts import rate_interval
 from flaketriage.orchestrator.dashboard.tests import latest_results, summary
@@ -30,7 +31,7 @@ from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import QuarantineRow
 from flaketriage.records.models import ResultRow, TestRow
 from flaketriage.variant import parse_variant, variant_covers, variant_key
-from flaketriage.workers.verdict import Verdict, VerdictPolicy
+from flaketriage.work.sequential import clean_replays
 
 if TYPE_CHECKING:
     from flaketriage.orchestrator.dashboard.views import Views
@@ -59,16 +60,10 @@ def lift_condition(entry: QuarantineEntry, settings: Settings) -> str:
             f"Until {when(entry.expires_at)} UTC, or lifted by hand "
             "(no rerun lifts a quarantine made by hand)."
         )
-    try:
-        policy = VerdictPolicy(
-            min_rate=settings.min_flaky_rate, max_rate=settings.max_flaky_rate, alpha=settings.alpha
-        )
-        clean = policy.not_reproduced_after
-    except ConfigError:
-        clean = None
+    clean = clean_replays(settings.min_flaky_rate, settings.alpha)
     order = (
         " in the order that made it fail"
-        if entry.evidence.verdict == Verdict.ORDER_DEPENDENT.value
+        if entry.evidence.verdict == CaseVerdict.ORDER_DEPENDENT.value
         else " in isolation"
     )
     replays = f"{clean} replays in a row" if clean else "its replays"
