@@ -37,8 +37,10 @@ NOBODY = 65534
 API_VERSION = "1.41"
 """The Docker API version spoken (device requests need 1.40): Docker 20.10 and later, podman 4."""
 CLIENT_TIMEOUT_S = 60
-"""How long one call to the engine may take (waits are made in shorter slices)."""
+"""How long one call to the engine may take."""
 WAIT_SLICE_S = 30.0
+POLL_S = (0.02, 0.5)
+"""The first and the longest pause between reads of a container's state once its output has ended."""
 GRACE_S = 30.0
 """How long a killed container gets to be reported as stopped before the run is an error."""
 REPLAY_LABEL = "org.flaketriage.replay"
@@ -228,10 +230,10 @@ class DockerSandbox(Sandbox):
                 hang[0] = dump_by_signal(lambda: container.kill(signal="SIGUSR1"), streams.size, streams.tail)
 
             asked = spec.env.get(HANG_DUMP_ENV) == "1"  # else nothing in it would answer
-            exit_code, timed_out = self._wait(container, spec.timeout_s, started, dump if asked else None)
+            exit_code, timed_out, state = self._wait(
+                container, output, spec.timeout_s, started, dump if asked else None
+            )
             output.join()
-            container.reload()
-            state = container.attrs.get("State") or {}
         except docker.errors.DockerException as exc:
             raise SandboxError(
                 f"the replay container ({image}) failed in the engine: {exc}; check the engine's logs"
@@ -253,17 +255,25 @@ class DockerSandbox(Sandbox):
         return _with_limit(result, spec, state, self.pids_limit)
 
     def _wait(
-        self, container: Any, timeout_s: float, started: float, before_kill: Callable[[], None] | None = None
-    ) -> tuple[int, bool]:
-        """The container's exit status, and whether it was killed at the time limit.
+        self,
+        container: Any,
+        output: _Output,
+        timeout_s: float,
+        started: float,
+        before_kill: Callable[[], None] | None = None,
+    ) -> tuple[int, bool, dict[str, Any]]:
+        """The container's exit status, whether it was killed at the time limit, and its final state.
 
-        The wait is made in slices: a long request may come back as a read timeout or, on podman, a
-        dropped connection, after which the container's state says whether it is still running.
+        The end of the run is seen as the end of its output stream (the engine closes it when the
+        container stops), then read from the container's state. The engine's wait endpoint is not
+        used: podman 4 answers it by polling the container without pause (more than a core for as
+        long as the container runs), and with a few such services on a busy machine its waits ended
+        only at podman's 20 s fallback timer ("Exceeded conmon timeout waiting for container"), 20 s
+        added to every run. Reading the state costs the engine nothing while the container runs.
         """
-        import requests
-
         deadline = started + timeout_s
         killed_at: float | None = None
+        pause = POLL_S[0]
         while True:
             now = time.monotonic()
             if killed_at is None and now >= deadline:
@@ -278,15 +288,27 @@ class DockerSandbox(Sandbox):
                     f"the replay container {container.short_id} did not stop within {GRACE_S:.0f} s of being "
                     "killed at its time limit; check the engine (it may be overloaded or stuck)"
                 )
-            limit = (deadline - now) if killed_at is None else GRACE_S
-            try:
-                status = container.wait(timeout=max(0.5, min(limit, WAIT_SLICE_S)))
-                return int(status.get("StatusCode", -1)), killed_at is not None
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                container.reload()
-                state = container.attrs.get("State") or {}
-                if state.get("Status") in ("exited", "dead", "stopped"):
-                    return int(state.get("ExitCode", -1)), killed_at is not None
+            limit = (deadline - now) if killed_at is None else (killed_at + GRACE_S - now)
+            if not output.wait_closed(max(0.0, min(limit, WAIT_SLICE_S))):
+                continue
+            # The stream has ended (the container stopped, or the connection dropped): ask.
+            state = _state(container)
+            if state is not None and state.get("Status") in ("exited", "dead", "stopped"):
+                return int(state.get("ExitCode", -1)), killed_at is not None, state
+            time.sleep(max(0.0, min(pause, limit)))
+            pause = min(pause * 2, POLL_S[1])
+
+
+def _state(container: Any) -> dict[str, Any] | None:
+    """The container's state as the engine reports it now; None when the engine did not answer."""
+    import requests
+
+    try:
+        container.reload()
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        return None
+    state: dict[str, Any] = container.attrs.get("State") or {}
+    return state
 
 
 def _with_limit(
@@ -335,6 +357,11 @@ class _Output:
     def join(self) -> None:
         """Wait for the rest of the output (the container has stopped)."""
         self._thread.join(timeout=GRACE_S)
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Whether the engine has closed the stream, waiting up to `timeout` seconds for it."""
+        self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
 
     def close(self) -> None:
         for closable in (self._sock, getattr(self._sock, "_sock", None)):

@@ -7,8 +7,9 @@ interpreter's prefix and the virtualenv): a container starts Python in ~0.3 s, w
 Debian would cost ~25 s to make and a copy of the interpreter in every image much more.
 
 Its configuration (runc, default ulimits this machine allows, storage under the session's temp
-directory) is named through ``CONTAINERS_CONF``/``CONTAINERS_STORAGE_CONF`` from the first podman
-command on; teardown stops the service and runs ``podman system reset -f`` with the same files.
+directory, the unreachable localhost registry blocked) is named through ``CONTAINERS_CONF``,
+``CONTAINERS_STORAGE_CONF`` and ``CONTAINERS_REGISTRIES_CONF`` from the first podman command on;
+teardown stops the service and runs ``podman system reset -f`` with the same files.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from flaketriage.workers.sandbox.containers import API_VERSION
 
 BASE_IMAGE = "localhost/flaketriage-test-base:latest"
 PIP_SHIM = """#!/bin/sh
@@ -50,7 +53,9 @@ class Engine:
     def client(self) -> Any:
         import docker
 
-        return docker.DockerClient(base_url=self.url, timeout=60)
+        # A fixed API version, as the sandbox's own clients use: asking the engine for its version
+        # costs ~0.3 s a client on podman (its /version runs dpkg to name its components' packages).
+        return docker.DockerClient(base_url=self.url, timeout=60, version=API_VERSION)
 
 
 def host_python_mounts() -> tuple[Path, ...]:
@@ -108,10 +113,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     (root / "storage.conf").write_text(
         f'[storage]\ndriver = "overlay"\ngraphroot = "{root / "graph"}"\nrunroot = "{root / "run"}"\n'
     )
+    # No registry is reachable here: a pull of a localhost/ image fails at once instead of being
+    # retried three times, 2 s apart, against a port nothing listens on.
+    (root / "registries.conf").write_text(
+        'unqualified-search-registries = []\n[[registry]]\nlocation = "localhost"\nblocked = true\n'
+    )
     env = {
         **os.environ,
         "CONTAINERS_CONF": str(root / "containers.conf"),
         "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
+        "CONTAINERS_REGISTRIES_CONF": str(root / "registries.conf"),
     }
     env.pop("DOCKER_HOST", None)
     socket = root / "podman.sock"
