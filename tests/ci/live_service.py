@@ -44,10 +44,31 @@ class LiveService:
 
 
 @contextmanager
-def live_service(root: Path, **overrides: Any) -> Iterator[LiveService]:
-    """Serve a receiver whose store is ``root/service-store``; `overrides` are its settings."""
+def served(app: Any) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free loopback port, in a thread; yields its base URL."""
     import uvicorn
 
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the receiver did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def live_service(root: Path, **overrides: Any) -> Iterator[LiveService]:
+    """Serve a receiver whose store is ``root/service-store``; `overrides` are its settings."""
     store = root / "service-store"
     store.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
@@ -59,21 +80,8 @@ def live_service(root: Path, **overrides: Any) -> Iterator[LiveService]:
     database = Database(settings.resolved_database_url())
     database.upgrade()
     service = Service.assemble(settings, database, MemorySender())
-    config = uvicorn.Config(
-        create_app(service), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the receiver did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield LiveService(f"http://127.0.0.1:{port}", store, service)
+        with served(create_app(service)) as base:
+            yield LiveService(base, store, service)
     finally:
-        server.should_exit = True
-        thread.join(10)
         service.close()

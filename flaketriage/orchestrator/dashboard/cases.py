@@ -27,9 +27,9 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.api_models import CaseVerdict
+from flaketriage.orchestrator.dashboard.query import in_place, read_filters
 from flaketriage.records import Case, CaseStatus, Occurrence
 from flaketriage.records.models import TestRow, UploadRow
-from flaketriage.records.text import storable_text
 
 if TYPE_CHECKING:
     from flaketriage.orchestrator.dashboard.views import Views
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 PAGE_SIZE = 50
 MAX_PAGE = 200
 """The last page the list goes to (10,000 cases): past it, narrow the filters."""
-MAX_FILTER = 500
-"""The longest text a filter takes."""
 RUNS_PER_BRANCH = 1000
 """The latest runs of a branch (and workflow failures on it) whose cases the branch filter finds."""
 UNDECIDED = "none"
@@ -73,27 +71,12 @@ class CaseFilters:
         """The filters of a query string, and what is wrong with it (each problem says what is
         allowed); a wrong value is left out of the filters. Unknown parameters are ignored; NUL
         and lone surrogates, which no query can hold, become U+FFFD (and so match nothing)."""
-        problems: list[str] = []
-        values: dict[str, Any] = {}
-        for name in ("verdict", "status", *TEXT_FILTERS, "sort", "page"):
-            text = storable_text(params.get(name, "")).strip()
-            if len(text) > MAX_FILTER:
-                problems.append(f"{name} is {len(text)} characters long: at most {MAX_FILTER} are read")
-            elif text:
-                values[name] = text
-        allowed = {"verdict": VERDICTS, "status": STATUSES, "sort": tuple(SORTS)}
-        for name, choices in allowed.items():
-            if name in values and values[name] not in choices:
-                problems.append(f"{name} {values.pop(name)!r} is not one of: {', '.join(choices)}")
-        if "page" in values:
-            page = values.pop("page")
-            if page.isascii() and page.isdigit() and 1 <= int(page) <= MAX_PAGE:
-                values["page"] = int(page)
-            else:
-                problems.append(
-                    f"page {page!r} is not a page of this list: a whole number from 1 to {MAX_PAGE} "
-                    "(past that, narrow the filters)"
-                )
+        values, problems = read_filters(
+            params,
+            ("verdict", "status", *TEXT_FILTERS, "sort", "page"),
+            {"verdict": VERDICTS, "status": STATUSES, "sort": tuple(SORTS)},
+            most_pages=MAX_PAGE,
+        )
         return cls(**values), problems
 
     @property
@@ -297,9 +280,7 @@ def router(views: Views) -> APIRouter:
     @routes.get("/cases", response_class=HTMLResponse)
     def cases(request: Request) -> HTMLResponse:
         filters, problems = CaseFilters.parse(request.query_params)
-        partial = request.headers.get("HX-Request") == "true" and not request.headers.get(
-            "HX-History-Restore-Request"
-        )
+        partial = in_place(request)
         with views.service.database.session() as session:
             page = None if problems else case_page(session, filters)
             suggestions = (

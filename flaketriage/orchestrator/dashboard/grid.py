@@ -20,7 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.dashboard.case import parse_case_id, web_link
-from flaketriage.orchestrator.dashboard.cases import MAX_FILTER, recent_branches
+from flaketriage.orchestrator.dashboard.cases import recent_branches
+from flaketriage.orchestrator.dashboard.query import read_filters
 from flaketriage.records.models import ResultRow, TestRow, UploadRow
 from flaketriage.records.text import storable_text
 
@@ -179,14 +180,8 @@ def failing_tests(session: Session, upload_pk: int) -> list[Failing]:
 
 
 def _filters(params: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    values, problems = {}, []
-    for name in ("repository", "branch"):
-        text = storable_text(params.get(name, "")).strip()
-        if len(text) > MAX_FILTER:
-            problems.append(f"{name} is {len(text)} characters long: at most {MAX_FILTER} are read")
-            text = ""
-        values[name] = text
-    return values, problems
+    values, problems = read_filters(params, ("repository", "branch"), {}, most_pages=1)
+    return {name: values.get(name, "") for name in ("repository", "branch")}, problems
 
 
 def router(views: Views) -> APIRouter:

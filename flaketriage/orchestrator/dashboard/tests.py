@@ -28,8 +28,9 @@ from sqlalchemy.orm import Session, aliased
 
 from flaketriage.errors import ConfigError
 from flaketriage.orchestrator.dashboard.case import parse_case_id, web_link
-from flaketriage.orchestrator.dashboard.cases import MAX_FILTER, recent_branches, verdict_label
+from flaketriage.orchestrator.dashboard.cases import recent_branches, verdict_label
 from flaketriage.orchestrator.dashboard.charts import Cell, strip
+from flaketriage.orchestrator.dashboard.query import in_place, read_filters
 from flaketriage.orchestrator.history import on_branch
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import Case, QuarantineRow
@@ -215,30 +216,13 @@ class TestFilters:
     def parse(cls, params: Mapping[str, str]) -> tuple[TestFilters, list[str]]:
         """As `CaseFilters.parse`: the filters, and what is wrong with the query (a wrong value is
         left out); NUL and lone surrogates become U+FFFD and match nothing."""
-        problems: list[str] = []
-        values: dict[str, Any] = {}
-        for name in FILTERS:
-            text = storable_text(params.get(name, "")).strip()
-            if len(text) > MAX_FILTER:
-                problems.append(f"{name} is {len(text)} characters long: at most {MAX_FILTER} are read")
-            elif text:
-                values[name] = text
-        for name in ("flaky", "quarantined"):  # the API's spelling of a boolean reads too
-            if name in values:
-                values[name] = YES_NO.get(values[name].lower(), values[name])
-        allowed = {"flaky": CHOICES, "quarantined": CHOICES, "sort": tuple(SORTS)}
-        for name, choices in allowed.items():
-            if name in values and values[name] not in choices:
-                problems.append(f"{name} {values.pop(name)!r} is not one of: {', '.join(choices)}")
-        if "page" in values:
-            page = values.pop("page")
-            if page.isascii() and page.isdigit() and 1 <= int(page) <= MAX_PAGE:
-                values["page"] = int(page)
-            else:
-                problems.append(
-                    f"page {page!r} is not a page of this list: a whole number from 1 to {MAX_PAGE} "
-                    "(past that, narrow the filters)"
-                )
+        values, problems = read_filters(
+            params,
+            FILTERS,
+            {"flaky": CHOICES, "quarantined": CHOICES, "sort": tuple(SORTS)},
+            most_pages=MAX_PAGE,
+            aliases={"flaky": YES_NO, "quarantined": YES_NO},  # the API's spelling of a boolean too
+        )
         return cls(**values), problems
 
     @property
@@ -425,9 +409,7 @@ def router(views: Views) -> APIRouter:
     @routes.get("/tests", response_class=HTMLResponse)
     def tests(request: Request) -> HTMLResponse:
         filters, problems = TestFilters.parse(request.query_params)
-        partial = request.headers.get("HX-Request") == "true" and not request.headers.get(
-            "HX-History-Restore-Request"
-        )
+        partial = in_place(request)
         with views.service.database.session() as session:
             page = None if problems else page_of_tests(session, filters)
             suggestions = (

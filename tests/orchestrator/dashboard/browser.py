@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tests.ci.live_service import served
+
+__all__ = ["chromium", "screenshots_dir", "served"]
 
 CHROMIUM = "/usr/bin/chromium"
 REPOSITORY = Path(__file__).resolve().parents[3]
@@ -24,29 +26,6 @@ def screenshots_dir() -> Path:
     folder = Path(os.environ.get("FLAKETRIAGE_SCREENSHOTS") or REPOSITORY / "build" / "screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@contextmanager
-def served(app: Any) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free loopback port; yields its base URL."""
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the receiver did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @contextmanager
