@@ -16,12 +16,13 @@ beat keeps up to date for the pages (the overview's failures per day) is brought
 ``SELECT 1``, the baseline, and a count of the SQL statements each request ran). One client asks
 each page once per round, in a fresh random order every round (`paired.interleave`), after
 ``--warmup`` rounds: the overview, the cases list (plain, filtered, on a branch, its last page), a
-case with thousands of occurrences and several triages, the tests (plain, filtered), a test's page,
-the commit grid, the quarantine and the runners; the baseline twice (its second row is the A/A
-row: how far two identical routes differ here). A time is the whole request as the client sees it
-(sent to the body read). Printed per page: p50 and p95 in ms beside the baseline's, the SQL
-statements one request ran (a count that grows with the rows shown is an N+1), their time, the
-page's size. A page that is not built yet (its route answers 404) is "missing".
+case with thousands of occurrences and several triages, the tests (plain, filtered, on the busiest
+branch, quarantined), a test's page, the commit grid, the quarantine and the runners; the
+baseline twice (its second row is the A/A row: how far two identical routes differ here). A time
+is the whole request as the client sees it (sent to the body read). Printed per page: p50 and p95
+in ms beside the baseline's, the SQL statements one request ran (a count that grows with the rows
+shown is an N+1), their time, the page's size. A page that is not built yet (its route answers
+404) is "missing".
 
 The goal, per page: p95 at most 100 ms; and at most `MAX_STATEMENTS` statements a request (a page
 shows up to 50 rows: a query per row would pass it). Exits 1 on a miss, a missing page or an error
@@ -97,6 +98,8 @@ def pages(about: Subjects, rng: random.Random) -> dict[str, Callable[[], str]]:
         "case": lambda: f"/dashboard/cases/{rng.choice(about.heavy_cases)}",
         "tests": lambda: "/dashboard/tests",
         "tests, filtered": lambda: f"/dashboard/tests?repository={repo}&flaky=1",
+        "tests, on a branch": lambda: f"/dashboard/tests?branch={about.branch}",
+        "tests, quarantined": lambda: "/dashboard/tests?quarantined=yes",
         "test": lambda: f"/dashboard/tests/{rng.choice(about.tests)}",
         "grid": lambda: "/dashboard/grid",
         "quarantine": lambda: "/dashboard/quarantine",

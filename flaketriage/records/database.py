@@ -16,10 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Connection,
+    Engine,
+    Integer,
+    any_,
+    bindparam,
+    create_engine,
+    event,
+    text,
+)
 from sqlalchemy.engine import Dialect, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, DisconnectionError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 from sqlalchemy.sql import Executable
 
 from flaketriage.dependencies import require
@@ -422,3 +433,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def _first_line(exc: BaseException) -> str:
     text_ = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return text_[0] if text_ else type(exc).__name__
+
+
+def among(
+    session: Session, column: ColumnElement[int] | InstrumentedAttribute[int], values: Sequence[int]
+) -> ColumnElement[bool]:
+    """``column IN values``: on PostgreSQL ``column = ANY(:array)``, one parameter however many
+    values (an ``IN`` of a few thousand ids cost ~12 ms a statement to compile and send), else an
+    ``IN`` list."""
+    if session.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(Integer)))
+    return column.in_(values)

@@ -458,11 +458,11 @@ class HistoryStats:
         failing = [Outcome(r.outcome).failing for r in counted]
         flips = sum(1 for a, b in itertools.pairwise(failing) if a != b)
         by_commit: dict[str, set[bool]] = {}
-        for r in counted:
+        for r, fails in zip(counted, failing, strict=True):
             if r.commit:
                 seen = by_commit.setdefault(r.commit, set())
-                seen.add(Outcome(r.outcome).failing)
-                if r.failed_attempts and not Outcome(r.outcome).failing:
+                seen.add(fails)
+                if r.failed_attempts and not fails:
                     seen.add(True)
         return cls(
             runs=len(counted),

@@ -204,10 +204,16 @@ def strip(
     its class's colour and titled with its label."""
     width = max(len(cells) * (cell_width + gap) - gap, 1)
     parts = _open(ident, "chart-strip", width, height, title, description)
+    # Every cell has the same size: its attributes are written once (a page draws 50 strips).
+    size = _attrs(y=0, width=cell_width, height=height)
+    classes: dict[str, str] = {}
     for i, cell in enumerate(cells):
-        box = _attrs(
-            class_=cell.css_class or "cell", x=i * (cell_width + gap), y=0, width=cell_width, height=height
+        name = classes.get(cell.css_class)
+        if name is None:
+            name = classes[cell.css_class] = _attrs(class_=cell.css_class or "cell")
+        parts.append(
+            f'<rect{name}{_attrs(x=i * (cell_width + gap))}{size} fill="currentColor">'
+            f"<title>{escape(cell.label)}</title></rect>"
         )
-        parts.append(f'<rect{box} fill="currentColor"><title>{escape(cell.label)}</title></rect>')
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -182,20 +182,23 @@ def _add_history(session: Session, views: list[EntryView]) -> None:
         .order_by(TestRow.id)
         .limit(len(named) * MAX_TESTS)
     ).all()
+    by_id: dict[str, list[tuple[int, str, dict[str, str] | None]]] = {}
+    for pk, test, variant in tests:
+        try:
+            parsed: dict[str, str] | None = parse_variant(variant, where="a recorded variant")
+        except ConfigError:
+            parsed = None  # covered only by an entry for every variant
+        by_id.setdefault(str(test), []).append((int(pk), str(variant), parsed))
     chosen: dict[str, list[tuple[int, str, str]]] = {}
     for view in views:
         entry = view.entry
         if entry is None or not entry.test_id:
             continue
-        for pk, test, variant in tests:
-            if test != entry.test_id or len(chosen.get(view.fingerprint, [])) >= MAX_TESTS:
-                continue
-            try:
-                covered = variant_covers(entry.variant, parse_variant(variant, where="a recorded variant"))
-            except ConfigError:
-                covered = not entry.variant
-            if covered:
-                chosen.setdefault(view.fingerprint, []).append((int(pk), str(test), str(variant)))
+        for pk, variant, parsed in by_id.get(entry.test_id, []):
+            if len(chosen.get(view.fingerprint, [])) >= MAX_TESTS:
+                break
+            if variant_covers(entry.variant, parsed) if parsed is not None else not entry.variant:
+                chosen.setdefault(view.fingerprint, []).append((pk, entry.test_id, variant))
     # One query; each entry's own start filters its tests' results below.
     starts = [v.entry.quarantined_at for v in views if v.entry and v.fingerprint in chosen]
     if not starts:
