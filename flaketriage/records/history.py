@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
@@ -433,6 +433,27 @@ def recent_results(session: Session, test_pk: int, limit: int = RECENT) -> list[
     )
 
 
+class ResultFacts(Protocol):
+    """What `HistoryStats.of` reads of a result: a `ResultRow`, or a lighter copy of its columns."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def failed_attempts(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def storm(self) -> bool: ...
+
+
+FAILING = frozenset(o.value for o in Outcome if o.failing)
+"""The outcomes that are failures, by value."""
+
+
 @dataclass(frozen=True)
 class HistoryStats:
     """What a test's recent results say, storm runs left out.
@@ -451,11 +472,11 @@ class HistoryStats:
     mean_duration_s: float
 
     @classmethod
-    def of(cls, results: Sequence[ResultRow]) -> HistoryStats:
+    def of(cls, results: Sequence[ResultFacts]) -> HistoryStats:
         """From results in any order (sorted by id here)."""
         ordered = sorted((r for r in results if not r.storm), key=lambda r: r.id)
         counted = [r for r in ordered if r.outcome != Outcome.SKIPPED.value]
-        failing = [Outcome(r.outcome).failing for r in counted]
+        failing = [r.outcome in FAILING for r in counted]
         flips = sum(1 for a, b in itertools.pairwise(failing) if a != b)
         by_commit: dict[str, set[bool]] = {}
         for r, fails in zip(counted, failing, strict=True):

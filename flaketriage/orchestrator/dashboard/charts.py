@@ -206,14 +206,15 @@ def strip(
     parts = _open(ident, "chart-strip", width, height, title, description)
     # Every cell has the same size: its attributes are written once (a page draws 50 strips).
     size = _attrs(y=0, width=cell_width, height=height)
+    step = cell_width + gap
     classes: dict[str, str] = {}
     for i, cell in enumerate(cells):
         name = classes.get(cell.css_class)
         if name is None:
             name = classes[cell.css_class] = _attrs(class_=cell.css_class or "cell")
+        x = _number(i * step)  # a number: nothing to escape
         parts.append(
-            f'<rect{name}{_attrs(x=i * (cell_width + gap))}{size} fill="currentColor">'
-            f"<title>{escape(cell.label)}</title></rect>"
+            f'<rect{name} x="{x}"{size} fill="currentColor"><title>{escape(cell.label)}</title></rect>'
         )
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -25,11 +25,11 @@ from flaketriage.errors import ConfigError
 from flaketriage.orchestrator.api_models import CaseVerdict
 from flaketriage.orchestrator.dashboard.case import web_link
 from flaketriage.orchestrator.dashboard.charts import rate_interval
-from flaketriage.orchestrator.dashboard.tests import latest_results, summary
+from flaketriage.orchestrator.dashboard.tests import Result, latest_results, summary
 from flaketriage.orchestrator.dashboard.views import duration, when
 from flaketriage.quarantine import QuarantineEntry
 from flaketriage.records import QuarantineRow
-from flaketriage.records.models import ResultRow, TestRow
+from flaketriage.records.models import TestRow
 from flaketriage.variant import parse_variant, variant_covers, variant_key
 from flaketriage.work.sequential import clean_replays
 
@@ -84,7 +84,7 @@ class TestSince:
     test_pk: int
     test_id: str
     variant: str
-    results: list[ResultRow]
+    results: list[Result]
 
     @property
     def summary(self) -> str:

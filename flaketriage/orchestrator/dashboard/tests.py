@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,8 @@ from sqlalchemy import (
     true,
     union_all,
 )
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import FromClause
 
 from flaketriage.errors import ConfigError
 from flaketriage.orchestrator.dashboard.case import parse_case_id, web_link
@@ -150,9 +151,31 @@ def quarantined_tests(session: Session, held: Held, repository: str = "") -> lis
 
 
 # -- results ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One CI result as the pages show it: a `ResultRow`'s columns read without the ORM (a page of
+    tests shows 1,000 results; as ORM objects they took longer to load and read than to query)."""
+
+    id: int
+    test_pk: int
+    upload_pk: int
+    commit: str | None
+    branch: str | None
+    outcome: str
+    attempts: int
+    failed_attempts: int
+    duration_s: float
+    quarantined: bool
+    storm: bool
+    received_at: datetime
+
+
+RESULT_COLUMNS = tuple(getattr(ResultRow, f.name) for f in fields(Result))
+
+
 def latest_results(
     session: Session, test_pks: Sequence[int], per_test: int, since: datetime | None = None
-) -> dict[int, list[ResultRow]]:
+) -> dict[int, list[Result]]:
     """Each test's latest `per_test` results, newest first, in one query: per test a
     ``test_results (test_pk, id)`` range read backwards and stopped after `per_test` rows; with
     `since`, those of them received since then (the filter is applied to those rows: a test with no
@@ -164,42 +187,35 @@ def latest_results(
     if not test_pks:
         return {}
     pks = list(dict.fromkeys(test_pks))
+
+    def newest(test_pk: Any) -> Select[Any]:
+        return (
+            select(*RESULT_COLUMNS)
+            .where(ResultRow.test_pk == test_pk)
+            .order_by(ResultRow.id.desc())
+            .limit(per_test)
+        )
+
     if session.get_bind().dialect.name == "postgresql":
         asked = select(func.unnest(bindparam("pks", pks, type_=ARRAY(Integer))).column_valued("pk"))
         asked_pk = asked.subquery("asked").c.pk
-        newest = (
-            select(ResultRow)
-            .where(ResultRow.test_pk == asked_pk)
-            .order_by(ResultRow.id.desc())
-            .limit(per_test)
-            .lateral("newest")
-        )
-        shown = aliased(ResultRow, newest)
-        query: Select[Any] = select(shown).select_from(asked_pk.table.join(newest, true()))
+        shown: FromClause = newest(asked_pk).lateral("newest")
+        query = select(*shown.c).select_from(asked_pk.table.join(shown, true()))
     else:
-        parts = [
-            select(
-                select(ResultRow)
-                .where(ResultRow.test_pk == pk)
-                .order_by(ResultRow.id.desc())
-                .limit(per_test)
-                .subquery()
-            )
-            for pk in pks
-        ]
-        shown = aliased(ResultRow, union_all(*parts).subquery())
-        query = select(shown)
+        shown = union_all(*(select(newest(pk).subquery()) for pk in pks)).subquery()
+        query = select(*shown.c)
     if since is not None:
-        query = query.where(shown.received_at >= since)
-    found: dict[int, list[ResultRow]] = {pk: [] for pk in pks}
-    for row in session.scalars(query):
-        found[row.test_pk].append(row)
+        query = query.where(shown.c.received_at >= since)
+    found: dict[int, list[Result]] = {pk: [] for pk in pks}
+    for row in session.execute(query):
+        result = Result(*row)
+        found[result.test_pk].append(result)
     for results in found.values():
         results.sort(key=lambda r: r.id, reverse=True)
     return found
 
 
-def outcome_of(result: ResultRow) -> str:
+def outcome_of(result: Result) -> str:
     """A result's outcome as the pages name it (and its class: ``outcome-<this>``)."""
     if result.outcome == Outcome.PASSED.value and result.failed_attempts:
         return "passed_on_retry"
@@ -210,7 +226,7 @@ def outcome_label(outcome: str) -> str:
     return outcome.replace("_", " ")
 
 
-def summary(results: Sequence[ResultRow]) -> str:
+def summary(results: Sequence[Result]) -> str:
     """``12 runs: 9 passed, 3 failed`` (newest first or not, the same words)."""
     return tally([outcome_of(r) for r in results])
 
@@ -229,7 +245,7 @@ def tally(outcomes: Sequence[str]) -> str:
     return f"{n} run{'' if n == 1 else 's'}: " + ", ".join(parts)
 
 
-def results_strip(shown: Sequence[tuple[str, ResultRow]], ident: str, name: str, described: str) -> Markup:
+def results_strip(shown: Sequence[tuple[str, Result]], ident: str, name: str, described: str) -> Markup:
     """The strip of results given oldest first with their outcomes (`TestLine.outcomes`), described
     by `described` (their `tally`)."""
     cells = [
@@ -317,7 +333,7 @@ class TestLine:
     __test__ = False
 
     row: TestRow
-    results: list[ResultRow]
+    results: list[Result]
     """Its latest, newest first."""
     quarantine: Quarantine
 
@@ -326,7 +342,7 @@ class TestLine:
         return HistoryStats.of(self.results)
 
     @cached_property
-    def outcomes(self) -> list[tuple[str, ResultRow]]:
+    def outcomes(self) -> list[tuple[str, Result]]:
         """(outcome, result) oldest to newest, as the strip draws them."""
         return [(outcome_of(r), r) for r in reversed(self.results)]
 
@@ -389,7 +405,7 @@ def repositories(session: Session, limit: int = 200) -> list[str]:
 class Run:
     """One of a test's latest results with the upload it came in."""
 
-    result: ResultRow
+    result: Result
     outcome: str
     job: str | None
     run_url: str | None
