@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -23,14 +24,15 @@ from sqlalchemy.orm import Session
 
 from flaketriage.errors import ConfigError
 from flaketriage.orchestrator.api_models import CaseVerdict
-from flaketriage.orchestrator.dashboard.case import web_link
+from flaketriage.orchestrator.dashboard.case import Evidence, web_link
 from flaketriage.orchestrator.dashboard.charts import rate_interval
 from flaketriage.orchestrator.dashboard.tests import Result, latest_results, summary
 from flaketriage.orchestrator.dashboard.views import duration, when
 from flaketriage.quarantine import QuarantineEntry
-from flaketriage.records import QuarantineRow
-from flaketriage.records.models import TestRow
+from flaketriage.records import QuarantineRow, Work
+from flaketriage.records.models import TestRow, WorkStatus
 from flaketriage.variant import parse_variant, variant_covers, variant_key
+from flaketriage.work.messages import Step
 from flaketriage.work.sequential import clean_replays
 
 if TYPE_CHECKING:
@@ -91,6 +93,39 @@ class TestSince:
         return summary(self.results)
 
 
+MAX_RERUNS = 5
+"""The latest isolation reruns shown per entry."""
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """One isolation rerun of an entry's failure (a ``rerun`` step of its case, scheduled by beat
+    every ``FLAKETRIAGE_RERUN_EVERY_S``) and what it found."""
+
+    work_id: int
+    at: datetime
+    status: str
+    state: str | None
+    """What the rerun did with the entry, in the worker's words (``still flaky``)."""
+    evidence: Evidence
+    error: str | None
+
+    @property
+    def words(self) -> str:
+        """The rerun's result in a sentence (without its time)."""
+        if self.status == WorkStatus.FAILED.value:
+            return f"failed: {self.error or 'no error recorded'}"
+        if self.status != WorkStatus.DONE.value:
+            return f"{self.status}, not finished yet"
+        e = self.evidence
+        counts = (
+            f"{e.failures} of {e.replays} replays reproduced the failure"
+            if e.replays is not None and e.failures is not None
+            else "replays not recorded"
+        )
+        return f"{counts}: {self.state}" if self.state else counts
+
+
 @dataclass
 class EntryView:
     """One row of the quarantine table and what the page says about it."""
@@ -103,6 +138,8 @@ class EntryView:
     """None for an entry this release cannot read (written by a newer one)."""
     lift: str = ""
     since: list[TestSince] = field(default_factory=list)
+    reruns: list[Rerun] = field(default_factory=list)
+    """Its latest isolation reruns since it began, newest first (at most `MAX_RERUNS`)."""
 
     @property
     def test_id(self) -> str | None:
@@ -168,6 +205,7 @@ def quarantine_page(session: Session, settings: Settings, page: int) -> Quaranti
         view.lift = lift_condition(entry, settings) if entry else "Unknown: this entry could not be read."
         views.append(view)
     _add_history(session, views)
+    _add_reruns(session, views)
     return QuarantinePage(views, total, page)
 
 
@@ -214,6 +252,58 @@ def _add_history(session: Session, views: list[EntryView]) -> None:
             view.since.append(TestSince(pk, test, variant, mine))
 
 
+def _add_reruns(session: Session, views: list[EntryView]) -> None:
+    """Each entry's isolation reruns since it began: one query of the page's cases' ``rerun``
+    steps (``work (case_id)``), the latest `MAX_RERUNS` of each case numbered by the database."""
+    cases = {v.case_id for v in views if v.case_id is not None and v.entry and not v.entry.by_hand}
+    if not cases:
+        return
+    newest = func.row_number().over(partition_by=Work.case_id, order_by=Work.id.desc())
+    numbered = (
+        select(
+            Work.id,
+            Work.case_id,
+            Work.options,
+            Work.status,
+            Work.result,
+            Work.error,
+            Work.created_at,
+            Work.finished_at,
+            newest.label("n"),
+        )
+        .where(Work.case_id.in_(cases), Work.step == Step.RERUN.value)
+        .subquery()
+    )
+    found: dict[int, list[Any]] = {}
+    for row in session.execute(
+        select(numbered).where(numbered.c.n <= MAX_RERUNS).order_by(numbered.c.id.desc())
+    ):
+        found.setdefault(int(row.case_id), []).append(row)
+    for view in views:
+        entry = view.entry
+        if entry is None or view.case_id is None:
+            continue
+        for row in found.get(view.case_id, []):
+            options = row.options if isinstance(row.options, dict) else {}
+            if (
+                options.get("fingerprint") not in (None, view.fingerprint)
+                or row.created_at < entry.quarantined_at
+            ):
+                continue  # another entry of the case, or before this one began
+            result = row.result if isinstance(row.result, dict) else {}
+            state = result.get("state")
+            view.reruns.append(
+                Rerun(
+                    int(row.id),
+                    row.finished_at or row.created_at,
+                    str(row.status),
+                    str(state) if isinstance(state, str) else None,
+                    Evidence.of(result),
+                    row.error,
+                )
+            )
+
+
 def router(views: Views) -> APIRouter:
     routes = APIRouter()
 
@@ -235,6 +325,7 @@ def router(views: Views) -> APIRouter:
                 problems=[f"page {text[:40]!r} is not a page: a whole number from 1 to {MAX_PAGE}"],
                 results=None,
                 settings=views.service.settings,
+                max_reruns=MAX_RERUNS,
             )
         with views.service.database.session() as session:
             results = quarantine_page(session, views.service.settings, page)
@@ -246,6 +337,7 @@ def router(views: Views) -> APIRouter:
             problems=[],
             results=results,
             settings=views.service.settings,
+            max_reruns=MAX_RERUNS,
         )
 
     return routes

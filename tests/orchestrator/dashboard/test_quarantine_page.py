@@ -5,14 +5,15 @@ words, the forms that end it and the form to quarantine a test by hand."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from flaketriage.orchestrator.dashboard import quarantine as quarantine_page
 from flaketriage.quarantine import hand_entry
-from flaketriage.records import Database, QuarantineRow
+from flaketriage.records import Database, QuarantineRow, Work
 from flaketriage.records.models import utc_now
 from flaketriage.results import Attempt, TestResult
 from tests.orchestrator.dashboard.conftest import Dashboard, World, seed
@@ -68,7 +69,7 @@ def test_an_entry_shows_its_evidence_and_what_lifts_it(world: World) -> None:
         "reproducing the failure: the sequential test then says its failure rate is below 5% (wrong "
         "at most 5% of the time). Or lifted by hand."
     )
-    assert facts["Since then"].startswith("0 clean isolated reruns recorded.")
+    assert facts["Since then"].startswith("No isolation rerun yet (one every 6.0 h).")
     assert facts["Links"] == f"case {world.cases['flaky']}"
     chart = page.svg("rate-1")
     assert chart.find(f"{SVG}desc").text.startswith("Estimated failure rate 37.5%")  # type: ignore[union-attr]
@@ -85,6 +86,53 @@ def test_the_ci_results_since_the_quarantine_began(world: World) -> None:
     # The 12 seeded results came before it began; these two after.
     assert "In CI, os=linux,python=3.12: 2 runs: 1 passed on retry, 1 failed." in since
     assert (f"/dashboard/tests/{world.tests[RETRY]}", "os=linux,python=3.12") in page.links()
+
+
+def rerun(world: World, case: str, n: int, status: str, hours_after: float, **fields: object) -> None:
+    """A ``rerun`` step of a case's quarantine, as beat schedules it and a worker ends it."""
+    with world.database.session() as session:
+        began = session.get_one(QuarantineRow, world.specs["flaky"].fingerprint).entry["quarantined_at"]
+        at = datetime.fromisoformat(began) + timedelta(hours=hours_after)
+        session.add(
+            Work(
+                key=f"rerun:{world.specs[case].fingerprint}:{n}",
+                case_id=world.cases[case],
+                step="rerun",
+                queue="cpu",
+                status=status,
+                options={"fingerprint": world.specs[case].fingerprint},
+                created_at=at,
+                finished_at=at + timedelta(minutes=5) if status in ("done", "failed") else None,
+                **fields,
+            )
+        )
+
+
+def test_the_isolation_reruns_since_the_quarantine_began(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    still = {"verdict": "flaky", "decided": True, "replays": 40, "failures": 3, "state": "still flaky"}
+    rerun(world, "flaky", 1, "done", -30, result=still)  # before it began: another quarantine's
+    rerun(world, "flaky", 2, "done", 6, result=still)
+    rerun(world, "flaky", 3, "failed", 12, error="sandbox: docker is not running")
+    rerun(world, "flaky", 4, "queued", 18)
+    rerun(world, "deterministic", 5, "done", 6, result=still)  # another case's
+    page = Page(world.client.get("/dashboard/quarantine").text)
+    lists = [n for n in page.by_id(f"entry-{world.specs['flaky'].fingerprint}").iter("ul")]
+    assert [n.attrs.get("class") for n in lists] == ["q-reruns"]
+    reruns = [li.text for li in lists[0].iter("li")]
+    assert [r.split(": ", 1)[1] for r in reruns] == [
+        "queued, not finished yet",
+        "failed: sandbox: docker is not running",
+        "3 of 40 replays reproduced the failure: still flaky",
+    ]
+    assert all(r.endswith(" UTC") for r in (r.split(": ", 1)[0] for r in reruns))
+    # Only the latest few are shown, and the page says so.
+    monkeypatch.setattr(quarantine_page, "MAX_RERUNS", 2)
+    page = Page(world.client.get("/dashboard/quarantine").text)
+    facts = entry_of(page, world.specs["flaky"].fingerprint)
+    assert facts["Since then"].startswith("Isolation reruns (the latest 2):")
+    assert len(list(page.by_id(f"entry-{world.specs['flaky'].fingerprint}").iter("li"))) == 2
 
 
 def test_a_hand_entry_and_an_expired_one(world: World) -> None:
