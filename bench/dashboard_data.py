@@ -30,7 +30,7 @@ from typing import Any
 
 from seed import SEEDED, TEST_ID_SQL, History, seed_history, without_indexes
 
-SEED_VERSION = 3
+SEED_VERSION = 4
 """Raised when the seeder writes different rows: a database seeded by an older one is seeded again."""
 
 STATUS_VERDICTS: tuple[tuple[str, str | None, int], ...] = (
@@ -621,3 +621,19 @@ def _quarantine(conn: Any, scale: Scale) -> None:
             " VALUES (%s, %s, %s, %s, %s)",
             rows,
         )
+    # Their isolation reruns, one every 6 hours as beat schedules them, from 10 days before each
+    # entry began (an earlier quarantine of the case: the page leaves those out) until now.
+    conn.execute(
+        "INSERT INTO work (key, case_id, bundle_id, store_url, step, queue, status, attempts, batch,"
+        " options, result, created_at, sent_at, started_at, heartbeat_at, finished_at)"
+        " SELECT 'rerun:' || q.fingerprint || ':' || n, q.case_id, q.entry ->> 'bundle_id',"
+        " 's3://acme-flaketriage/store', 'rerun', 'cpu', 'done', 1, 0,"
+        " json_build_object('fingerprint', q.fingerprint),"
+        " json_build_object('verdict', 'flaky', 'decided', true, 'replays', 40, 'failures', 1 + mod(n, 4),"
+        "  'state', 'still flaky'),"
+        " t.at, t.at, t.at, t.at + interval '5 minutes', t.at + interval '5 minutes'"
+        " FROM quarantine q CROSS JOIN LATERAL generate_series(0, 400) n"
+        " CROSS JOIN LATERAL (SELECT (q.entry ->> 'quarantined_at')::timestamptz - interval '10 days'"
+        "  + n * interval '6 hours' AS at) t"
+        " WHERE t.at <= now()"
+    )

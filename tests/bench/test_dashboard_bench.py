@@ -96,6 +96,15 @@ def test_the_seeded_rows_join_as_the_services_do(seeded: tuple[str, dict[str, in
         "SELECT count(*) FROM quarantine q JOIN cases c ON c.id = q.case_id AND c.fingerprint = q.fingerprint"
         " WHERE c.verdict = 'flaky'",
     ) == [(5,)]
+    # Each entry's isolation reruns, 6 hours apart, some since it began, of its case and fingerprint.
+    reruns = rows(
+        url,
+        "SELECT count(*), count(*) FILTER (WHERE w.created_at >= (q.entry->>'quarantined_at')::timestamptz),"
+        " count(*) FILTER (WHERE w.options->>'fingerprint' = q.fingerprint AND w.status = 'done')"
+        " FROM quarantine q JOIN work w ON w.case_id = q.case_id AND w.step = 'rerun' GROUP BY q.fingerprint",
+    )
+    assert len(reruns) == 5
+    assert all(total >= 40 and since >= 1 and same == total for total, since, same in reruns)
 
 
 def test_a_database_seeded_at_the_same_scale_is_reused_and_another_scale_seeded_again(
