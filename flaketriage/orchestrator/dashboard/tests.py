@@ -248,18 +248,22 @@ def tally(outcomes: Sequence[str]) -> str:
 def results_strip(shown: Sequence[tuple[str, Result]], ident: str, name: str, described: str) -> Markup:
     """The strip of results given oldest first with their outcomes (`TestLine.outcomes`), described
     by `described` (their `tally`)."""
-    cells = [
-        Cell(
-            f"{outcome_label(outcome)}"
-            + (f" on {r.commit[:10]}" if r.commit else "")
-            + (f" ({r.received_at:%Y-%m-%d %H:%M} UTC)" if r.received_at else "")
-            + (", a storm run" if r.storm else ""),
-            f"outcome-{outcome}",
-        )
-        for outcome, r in shown
-    ]
+    cells = [cell_of(outcome, r.commit, r.received_at, r.storm) for outcome, r in shown]
     return strip(
         cells, title=f"Latest results of {name}, oldest to newest", description=described + ".", ident=ident
+    )
+
+
+@lru_cache(maxsize=4096)
+def cell_of(outcome: str, commit: str | None, received_at: datetime | None, storm: bool) -> Cell:
+    """A result's cell in a strip: its outcome in words, commit, time and whether it was a storm.
+    The tests of a page mostly ran in the same uploads: their cells are made once."""
+    return Cell(
+        f"{outcome_label(outcome)}"
+        + (f" on {commit[:10]}" if commit else "")
+        + (f" ({received_at:%Y-%m-%d %H:%M} UTC)" if received_at else "")
+        + (", a storm run" if storm else ""),
+        f"outcome-{outcome}",
     )
 
 
