@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import ColumnElement, false, func, select
+from sqlalchemy import ColumnElement, false, func, select, true
 from sqlalchemy.orm import Session
 
 from flaketriage.orchestrator.api_models import (
@@ -36,8 +36,9 @@ Sort = Literal["last_seen", "lost", "failures"]
 
 BRANCH_UPLOADS = 200
 """The latest uploads of a branch that `branch_uploads` looks at."""
-BRANCH_RESULTS = 200_000
-"""The most results `branch_uploads`' uploads may hold together: what the branch filter reads."""
+BRANCH_RESULTS = 100_000
+"""The most results `branch_uploads`' uploads may hold together: what the branch filter reads (and
+hashes: `on_branch`)."""
 
 
 def accept_results(
@@ -115,13 +116,17 @@ def branch_uploads(session: Session, branch: str, repository: str | None = None)
 def on_branch(session: Session, branch: str, repository: str | None = None) -> ColumnElement[bool]:
     """Tests (`TestRow`) that ran on `branch`: in one of its `branch_uploads`.
 
-    The tests are read as a set (``DISTINCT``, one ``test_results (upload_pk)`` range per upload):
-    a plain ``IN`` let PostgreSQL's planner probe each listed test's whole history for a result in
-    those uploads instead (~60 ms a page at 500 results a test)."""
+    Written ``(id IN (...)) IS TRUE`` (the same rows: neither side is ever NULL) so that PostgreSQL
+    checks each test against one hash of the uploads' test ids, built once per statement, and stops
+    at the page's last row. As a plain ``IN`` its planner joined the whole set (and, reading a page,
+    either probed each listed test's whole history for a result in those uploads or joined and
+    sorted every test of the branch: 25-60 ms at 20,000 tests, against ~5 ms). The hash holds at
+    most `BRANCH_RESULTS` ids, which the server's default ``hash_mem`` (8 MB) holds."""
     uploads = branch_uploads(session, branch, repository)
     if not uploads:
         return false()
-    return TestRow.id.in_(select(ResultRow.test_pk).where(ResultRow.upload_pk.in_(uploads)).distinct())
+    ran = TestRow.id.in_(select(ResultRow.test_pk).where(ResultRow.upload_pk.in_(uploads)))
+    return ran.is_(true())
 
 
 @dataclass(frozen=True)
