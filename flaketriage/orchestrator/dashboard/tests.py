@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -93,6 +93,8 @@ class Held:
     """The quarantine's entries by the tests they name (read once: `load`)."""
 
     def __init__(self, entries: Iterable[QuarantineEntry]) -> None:
+        self.now = datetime.now(UTC)
+        """When the page is read: what has expired by then (one time for the whole page)."""
         self.variants: dict[str, dict[str, str]] = {}
         """Each variant key met, parsed (thousands of tests share a few variants)."""
         self.by_test: dict[str, list[QuarantineEntry]] = {}
@@ -108,9 +110,24 @@ class Held:
         return cls(entry for entry in map(entry_of, texts) if entry is not None)
 
     def of(self, test_id: str, variant_key: str) -> Quarantine:
-        entries = self.by_test.get(test_id, [])
-        if not entries:
+        covering = self._covering(test_id, variant_key)
+        if not covering:
             return Quarantine()
+        live = sorted((e for e in covering if not e.expired(self.now)), key=lambda e: e.quarantined_at)
+        gone = sorted(
+            (e for e in covering if e.expired(self.now)), key=lambda e: e.expires_at or e.updated_at
+        )
+        return Quarantine(live[0] if live else None, gone[-1] if gone else None)
+
+    def holds(self, test_id: str, variant_key: str) -> bool:
+        """Whether a live entry holds the test in that variant (`of`'s ``held``, without the rest)."""
+        return any(not e.expired(self.now) for e in self._covering(test_id, variant_key))
+
+    def _covering(self, test_id: str, variant_key: str) -> list[QuarantineEntry]:
+        """The entries that name the test and whose variant pattern covers `variant_key`."""
+        entries = self.by_test.get(test_id)
+        if not entries:
+            return []
         variant = self.variants.get(variant_key)
         if variant is None:
             try:
@@ -118,10 +135,7 @@ class Held:
             except ConfigError:
                 variant = {}
             self.variants[variant_key] = variant
-        covering = [e for e in entries if variant_covers(e.variant, variant)]
-        live = sorted((e for e in covering if not e.expired()), key=lambda e: e.quarantined_at)
-        gone = sorted((e for e in covering if e.expired()), key=lambda e: e.expires_at or e.updated_at)
-        return Quarantine(live[0] if live else None, gone[-1] if gone else None)
+        return [e for e in entries if variant_covers(e.variant, variant)]
 
     @property
     def test_ids(self) -> list[str]:
@@ -147,7 +161,7 @@ def quarantined_tests(session: Session, held: Held, repository: str = "") -> lis
     if repository:
         query = query.where(TestRow.repository == repository)
     rows = session.execute(query.limit(MAX_QUARANTINED_TESTS)).all()
-    return [int(pk) for pk, test, variant in rows if held.of(test, variant).held]
+    return [int(pk) for pk, test, variant in rows if held.holds(test, variant)]
 
 
 # -- results ----------------------------------------------------------------------------------------
