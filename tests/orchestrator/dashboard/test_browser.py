@@ -14,6 +14,7 @@ import pytest
 from flaketriage.records import Database
 from tests.orchestrator.dashboard.browser import chromium, screenshots_dir, served
 from tests.orchestrator.dashboard.conftest import World, _dashboard, seed
+from tests.orchestrator.dashboard.test_quarantine_page import rerun
 
 
 @dataclass
@@ -175,12 +176,18 @@ def test_the_commit_grid_names_every_cell(clean: Site) -> None:
 
 
 def test_the_quarantine_page_draws_the_evidence(clean: Site) -> None:
+    still = {"verdict": "flaky", "decided": True, "replays": 59, "failures": 4, "state": "still flaky"}
+    rerun(clean.world, "flaky", 1, "done", 0.01, result=still)
+    rerun(clean.world, "flaky", 2, "done", 0.02, result=still | {"failures": 2})
     page = clean.page()
     page.goto(f"{clean.base}/dashboard/quarantine")
     chart = page.locator(".q-evidence svg").first
     box = chart.bounding_box()
     assert box is not None and box["width"] > 100
     assert "lifted when a rerun passes" in page.locator(".q-lift").first.inner_text()
+    reruns = page.locator(".q-reruns li")
+    assert reruns.count() == 2
+    assert reruns.first.inner_text().endswith("2 of 59 replays reproduced the failure: still flaky")
     shoot(page, "quarantine")
 
 
