@@ -102,7 +102,6 @@ class Rerun:
     """One isolation rerun of an entry's failure (a ``rerun`` step of its case, scheduled by beat
     every ``FLAKETRIAGE_RERUN_EVERY_S``) and what it found."""
 
-    work_id: int
     at: datetime
     status: str
     state: str | None
@@ -294,7 +293,6 @@ def _add_reruns(session: Session, views: list[EntryView]) -> None:
             state = result.get("state")
             view.reruns.append(
                 Rerun(
-                    int(row.id),
                     row.finished_at or row.created_at,
                     str(row.status),
                     str(state) if isinstance(state, str) else None,
