@@ -100,7 +100,7 @@ def rerun(world: World, case: str, n: int, status: str, hours_after: float, **fi
                 step="rerun",
                 queue="cpu",
                 status=status,
-                options={"fingerprint": world.specs[case].fingerprint},
+                options=fields.pop("options", {"fingerprint": world.specs[case].fingerprint}),
                 created_at=at,
                 finished_at=at + timedelta(minutes=5) if status in ("done", "failed") else None,
                 **fields,
@@ -133,6 +133,22 @@ def test_the_isolation_reruns_since_the_quarantine_began(
     facts = entry_of(page, world.specs["flaky"].fingerprint)
     assert facts["Since then"].startswith("Isolation reruns (the latest 2):")
     assert len(list(page.by_id(f"entry-{world.specs['flaky'].fingerprint}").iter("li"))) == 2
+
+
+def test_a_rerun_whose_record_is_garbled_is_shown_as_far_as_it_reads(world: World) -> None:
+    # Written by another release, or cut short: wrong types where a result's fields should be.
+    rerun(world, "flaky", 1, "done", 1, result={"replays": "many", "failures": None, "state": 7})
+    rerun(world, "flaky", 2, "done", 2, result=["not", "a", "mapping"], options=[])
+    rerun(world, "flaky", 3, "failed", 3)  # no error recorded
+    answer = world.client.get("/dashboard/quarantine")
+    assert answer.status_code == 200
+    page = Page(answer.text)
+    lists = [n for n in page.by_id(f"entry-{world.specs['flaky'].fingerprint}").iter("ul")]
+    assert [li.text.split(": ", 1)[1] for li in lists[0].iter("li")] == [
+        "failed: no error recorded",
+        "replays not recorded",
+        "replays not recorded",
+    ]
 
 
 def test_a_hand_entry_and_an_expired_one(world: World) -> None:
